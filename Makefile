@@ -1,0 +1,41 @@
+# Every target sets itself up: a fresh machine needs only Python 3.11 and make.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: setup demo test lint bench results clean help
+
+help:
+	@echo "make demo     run the main job (see README)"
+	@echo "make test     set up and run the test suite"
+	@echo "make bench    run the benchmarks and print figures"
+	@echo "make results  regenerate the generated tables in docs/results.md"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+setup: $(STAMP)
+
+demo: setup
+	$(BIN)/dqoes experiment compare paper-cluster-40 --policies dqoes,default,oracle --seed 1
+
+lint: setup
+	$(BIN)/lint-imports
+	$(BIN)/ruff check shared services dashboard tests bench
+
+test: lint
+	$(BIN)/python -m pytest
+
+bench: setup
+	$(BIN)/python -m bench
+
+results: setup
+	$(BIN)/dqoes experiment report --seeds 1-5 --update docs/results.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

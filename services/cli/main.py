@@ -1,0 +1,41 @@
+"""The `dqoes` command: one entry point, one sub-command per job.
+
+Every sub-command has --help, and those that report results take --json
+(one JSON object, the last line of stdout). Bad input is one line on stderr
+and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from services.cli import experiment
+from shared.sim.scenario import ScenarioError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dqoes",
+        description="DQoES: per-container quality-of-experience targets for deep-learning services.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    experiment.add_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ScenarioError, experiment.CliError) as e:
+        print(f"dqoes: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dqoes: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

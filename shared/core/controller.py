@@ -1,0 +1,205 @@
+"""One node's control loop as a pure state machine: events in, rounds out.
+
+The live worker (asyncio, NATS, Docker) and the simulator (virtual time) both
+drive a `NodeController`; neither re-implements any of this. It keeps what the
+paper's Application and Worker Monitors keep: each container's objective, its
+latest batch latency, its CPU counter at the last round and the limit in force,
+and it turns CPU counters into the per-interval use the algorithms need. Time is
+always an argument.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from shared.core.types import Cls, ContainerView, Decision, NodeView, check_fraction
+
+
+class Policy(Protocol):
+    """What every allocation policy offers the controller."""
+
+    name: str
+
+    @property
+    def alpha(self) -> float: ...
+
+    @property
+    def initial_interval_s(self) -> float: ...
+
+    def decide(self, view: NodeView) -> Decision: ...
+
+
+def check_objective(objective_s: float | None) -> None:
+    if objective_s is None:
+        return
+    if isinstance(objective_s, bool) or not isinstance(objective_s, int | float):
+        raise ValueError(f"objective_s must be a number, got {type(objective_s).__name__}")
+    if not math.isfinite(objective_s) or objective_s <= 0:
+        raise ValueError(f"objective_s must be a finite number > 0, got {objective_s!r}")
+
+
+def check_alpha(alpha: float | None) -> None:
+    if alpha is None:
+        return
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float):
+        raise ValueError(f"alpha must be a number, got {type(alpha).__name__}")
+    if not (math.isfinite(alpha) and 0 < alpha < 1):
+        raise ValueError(f"alpha must be in (0, 1), got {alpha!r}")
+
+
+@dataclass(slots=True)
+class Tracked:
+    """What the controller remembers about one container."""
+
+    name: str
+    objective_s: float | None = None
+    alpha: float | None = None
+    limit: float | None = None
+    cpu_base_s: float | None = None
+    cpu_base_at_s: float | None = None
+    cpu_share: float | None = None
+    new_latency_s: float | None = None
+    last_latency_s: float | None = None
+    cls: Cls | None = None
+    q_s: float | None = None
+    batches: int = 0
+
+    @property
+    def managed(self) -> bool:
+        return self.objective_s is not None
+
+
+class NodeController:
+    """Feeds a policy with views of one node and remembers what it decided."""
+
+    def __init__(self, node: str, cores: float, policy: Policy) -> None:
+        if not (math.isfinite(cores) and cores > 0):
+            raise ValueError(f"cores must be > 0, got {cores!r}")
+        self.node = node
+        self.cores = float(cores)
+        self.policy = policy
+        self.containers: dict[str, Tracked] = {}
+        self.next_round_at_s: float = 0.0
+        self.rounds = 0
+        self.last_decision: Decision | None = None
+        self._event: str | None = None
+
+    # -- events -------------------------------------------------------------
+
+    def add(
+        self,
+        name: str,
+        now_s: float,
+        *,
+        cpu_total_s: float | None = None,
+        objective_s: float | None = None,
+        alpha: float | None = None,
+        limit: float | None = None,
+    ) -> None:
+        """A container appeared on the node (with its CPU counter now, if known)."""
+        check_objective(objective_s)
+        check_alpha(alpha)
+        check_fraction(limit, "limit")
+        if name in self.containers:
+            return
+        t = Tracked(name, objective_s, alpha, limit)
+        if cpu_total_s is not None:
+            t.cpu_base_s, t.cpu_base_at_s = cpu_total_s, now_s
+        self.containers[name] = t
+        if t.managed:
+            self._trigger("added", now_s)
+
+    def remove(self, name: str, now_s: float) -> bool:
+        t = self.containers.pop(name, None)
+        if t is not None and t.managed:
+            self._trigger("removed", now_s)
+        return t is not None
+
+    def set_objective(
+        self, name: str, objective_s: float | None, now_s: float, alpha: float | None = None
+    ) -> None:
+        """A new or changed objective; None stops managing the container. Raises KeyError."""
+        check_objective(objective_s)
+        check_alpha(alpha)
+        t = self.containers[name]
+        if t.objective_s == objective_s and t.alpha == alpha:
+            return
+        t.objective_s, t.alpha = objective_s, alpha
+        self._trigger("objective", now_s)
+
+    def record_latency(self, name: str, latency_s: float) -> bool:
+        """A batch finished. Unknown containers and nonsense values are ignored (False)."""
+        t = self.containers.get(name)
+        if t is None or not (math.isfinite(latency_s) and latency_s > 0):
+            return False
+        t.new_latency_s = latency_s
+        t.batches += 1
+        return True
+
+    def set_limit(self, name: str, limit: float | None) -> None:
+        """The limit actually in force (e.g. after the runtime refused a change)."""
+        check_fraction(limit, "limit")
+        if name in self.containers:
+            self.containers[name].limit = limit
+
+    def _trigger(self, event: str, now_s: float) -> None:
+        self._event = self._event or event
+        self.next_round_at_s = min(self.next_round_at_s, now_s)
+
+    # -- rounds -------------------------------------------------------------
+
+    def due(self, now_s: float) -> bool:
+        return now_s >= self.next_round_at_s
+
+    @property
+    def managed(self) -> list[Tracked]:
+        return [t for t in self.containers.values() if t.managed]
+
+    def view(self, now_s: float, cpu_totals_s: Mapping[str, float]) -> NodeView:
+        """Advance CPU baselines and build the policy's view (consumes new latencies)."""
+        for t in self.containers.values():
+            total = cpu_totals_s.get(t.name)
+            if total is None:
+                continue
+            if t.cpu_base_s is not None and t.cpu_base_at_s is not None:
+                dt = now_s - t.cpu_base_at_s
+                if dt <= 0:
+                    continue  # same instant: keep the last reading
+                used = max(0.0, total - t.cpu_base_s)
+                t.cpu_share = min(1.0, used / (dt * self.cores))
+            t.cpu_base_s, t.cpu_base_at_s = total, now_s
+        alpha = self.policy.alpha
+        views = []
+        for t in self.managed:
+            assert t.objective_s is not None
+            views.append(
+                ContainerView(
+                    name=t.name,
+                    objective_s=t.objective_s,
+                    alpha=t.alpha if t.alpha is not None else alpha,
+                    latency_s=t.new_latency_s,
+                    last_latency_s=t.last_latency_s,
+                    cpu_share=t.cpu_share,
+                    limit=t.limit,
+                    prev_cls=t.cls,
+                    prev_q_s=t.q_s,
+                )
+            )
+            if t.new_latency_s is not None:
+                t.last_latency_s, t.new_latency_s = t.new_latency_s, None
+        event, self._event = self._event, None
+        return NodeView(self.node, self.cores, now_s, tuple(views), event)
+
+    def run_round(self, now_s: float, cpu_totals_s: Mapping[str, float]) -> Decision:
+        """One control round. The caller applies `decision.changes` to its runtime."""
+        decision = self.policy.decide(self.view(now_s, cpu_totals_s))
+        for c in decision.containers:
+            t = self.containers[c.name]
+            t.limit, t.cls, t.q_s = c.new_limit, c.cls, c.q_s
+        self.rounds += 1
+        self.last_decision = decision
+        self.next_round_at_s = now_s + decision.interval_s
+        return decision

@@ -1,0 +1,248 @@
+"""DQoES: Algorithm 1 (limit update) and Algorithm 2 (adaptive listener).
+
+Pure functions over explicit values; `DQoESPolicy` only strings them together
+and carries the listener's state between rounds. Every reading of an ambiguous
+passage of the paper is written down in docs/algorithms.md, and each is marked
+here with "Reading:" where the code implements it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from shared.core.classification import Classification, classify_views
+from shared.core.types import Cls, ContainerDecision, Decision, NodeView
+
+ON_DROP_MODES = ("reset", "halve")
+
+
+@dataclass(frozen=True, slots=True)
+class DQoESParams:
+    """Operator-settable DQoES parameters (all may change at runtime)."""
+
+    alpha: float = 0.10
+    """Tolerance band: a container is satisfied when |o - p| <= alpha * o."""
+    beta: float = 0.10
+    """Step size: the share of R_G moved per round."""
+    initial_interval_s: float = 10.0
+    """IV_initial of Algorithm 2."""
+    max_interval_s: float = 160.0
+    """Cap on the doubled interval (the paper sets none; an operator wants one)."""
+    total_resource: float = 1.0
+    """T_R, the cap on any one limit, as a fraction of the node."""
+    on_drop: str = "reset"
+    """What a drop in |S| does to the interval: "reset" (journal) or "halve" (arXiv)."""
+
+    def __post_init__(self) -> None:
+        for name in ("alpha", "beta"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and math.isfinite(v) and 0 < v < 1):
+                raise ValueError(f"{name} must be a number in (0, 1), got {v!r}")
+        if not (math.isfinite(self.initial_interval_s) and self.initial_interval_s > 0):
+            raise ValueError(f"initial_interval_s must be > 0, got {self.initial_interval_s!r}")
+        if not (math.isfinite(self.max_interval_s) and self.max_interval_s >= self.initial_interval_s):
+            raise ValueError("max_interval_s must be >= initial_interval_s")
+        if not (math.isfinite(self.total_resource) and 0 < self.total_resource <= 1):
+            raise ValueError(f"total_resource must be in (0, 1], got {self.total_resource!r}")
+        if self.on_drop not in ON_DROP_MODES:
+            raise ValueError(f"on_drop must be one of {ON_DROP_MODES}, got {self.on_drop!r}")
+
+
+def floor_limit(n_containers: int) -> float:
+    """Algorithm 1, lines 19-20: the lower bound 1/(2|C|), a fraction of the node."""
+    return 1.0 / (2 * max(1, n_containers))
+
+
+@dataclass(frozen=True, slots=True)
+class LimitUpdate:
+    new_limit: float | None
+    reason: str
+
+
+def update_limits(
+    cl: Classification, beta: float, total_resource: float, n_containers: int
+) -> dict[str, LimitUpdate]:
+    """Algorithm 1, lines 16-24: shrink G, grow B, leave S alone.
+
+    Reading (docs/algorithms.md, "The step is additive"): each G container gives
+    up (q_i/Q_G) * R_G * beta of the node and each B container receives
+    (q_i/Q_B) * R_G * beta, so G's limits fall by R_G * beta in total and B
+    receives exactly what G saved, as section IV-A's prose says. Multiplying
+    these by L(t), as the pseudo-code's typesetting suggests, moves limits ~10x
+    too slowly to reproduce Fig. 4-7.
+    Reading: L(t) for a container DQoES has never limited is its measured CPU
+    use over the last interval (a limit starting at T_R would not bind).
+    Reading: the floor 1/(2|C|) applies to every limit DQoES sets, and limits
+    it holds are kept inside [floor, T_R] when |C| changes.
+    Reading: with R_G = 0 nothing moves; an unlimited container stays unlimited.
+    (R_G is the CPU G used over the last interval, so G only shrinks while it
+    actually burns CPU.)
+    """
+    floor = floor_limit(n_containers)
+    cap = total_resource
+    out: dict[str, LimitUpdate] = {}
+    for c in cl.items:
+        v = c.view
+        old = v.limit
+        if c.cls is None:
+            out[v.name] = LimitUpdate(old, "pending: no batch yet")
+            continue
+        if not c.fresh or c.cls is Cls.S:
+            why = "satisfied" if c.cls is Cls.S else "no new batch: class and limit kept"
+            out[v.name] = LimitUpdate(_clamp(old, floor, cap), why)
+            continue
+        base = old if old is not None else v.cpu_share
+        if base is None:
+            out[v.name] = LimitUpdate(old, "no CPU reading yet")
+            continue
+        assert c.q_s is not None
+        if cl.r_g == 0.0:
+            out[v.name] = LimitUpdate(_clamp(old, floor, cap), "R_G = 0: free competition")
+            continue
+        if c.cls is Cls.G:
+            new = base - (c.q_s / cl.q_g_s) * cl.r_g * beta
+        else:
+            new = base + (c.q_s / cl.q_b_s) * cl.r_g * beta
+        new = min(cap, max(floor, new))
+        if c.cls is Cls.G:
+            why = "G: shrink" + (" (at floor)" if new == floor else "")
+        else:
+            why = "B: grow" + (" (at cap)" if new == cap else "")
+        out[v.name] = LimitUpdate(new, why)
+    return out
+
+
+def _clamp(limit: float | None, floor: float, cap: float) -> float | None:
+    return None if limit is None else min(cap, max(floor, limit))
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerState:
+    """Algorithm 2's memory: the interval, the converging streak, last round's Q values."""
+
+    interval_s: float
+    streak: int = 0
+    prev_q_g_s: float | None = None
+    prev_q_b_s: float | None = None
+    prev_satisfied: int | None = None
+
+
+def _approaches_zero(prev: float, now: float, *, positive: bool) -> bool:
+    # Reading: a set that stays empty (Q = 0 both times) counts as at 0, so a
+    # node where everything is satisfied backs off instead of polling forever.
+    if prev == 0.0 and now == 0.0:
+        return True
+    return now < prev if positive else now > prev
+
+
+def listener_step(
+    state: ListenerState,
+    q_g_s: float,
+    q_b_s: float,
+    satisfied: int,
+    params: DQoESParams,
+    event: str | None = None,
+) -> tuple[ListenerState, str]:
+    """Algorithm 2: the interval until the next round, and why.
+
+    - an event (new/finished container, changed objective) resets IV;
+    - |S| dropped: reset (or halve) IV. Reading: the round that saw the drop has
+      already run Algorithm 1 on fresh data, so "execute Algorithm 1 at once"
+      means the next round comes after the reset interval, not a second update
+      on the same data. The drop is checked before convergence;
+    - Q_G fell and Q_B rose for 3 rounds in a row: double IV (up to the cap);
+    - otherwise keep IV and restart the streak.
+    """
+    nxt = replace(state, prev_q_g_s=q_g_s, prev_q_b_s=q_b_s, prev_satisfied=satisfied)
+    init = params.initial_interval_s
+    if event is not None:
+        return replace(nxt, interval_s=init, streak=0), f"reset: {event}"
+    if state.prev_satisfied is None or state.prev_q_g_s is None or state.prev_q_b_s is None:
+        return replace(nxt, streak=0), "first round"
+    if satisfied < state.prev_satisfied:
+        if params.on_drop == "halve":
+            iv = max(init, state.interval_s / 2)
+        else:
+            iv = init
+        why = f"{params.on_drop}: |S| dropped {state.prev_satisfied}->{satisfied}"
+        return replace(nxt, interval_s=iv, streak=0), why
+    converging = _approaches_zero(state.prev_q_g_s, q_g_s, positive=True) and _approaches_zero(
+        state.prev_q_b_s, q_b_s, positive=False
+    )
+    if converging:
+        streak = state.streak + 1
+        if streak >= 3:
+            iv = min(params.max_interval_s, state.interval_s * 2)
+            return replace(nxt, interval_s=iv, streak=0), "doubled: 3 converging rounds"
+        return replace(nxt, streak=streak), f"converging ({streak}/3)"
+    return replace(nxt, streak=0), "kept"
+
+
+def decisions_from(
+    view: NodeView,
+    cl: Classification,
+    updates: Mapping[str, tuple[float | None, str]],
+) -> tuple[ContainerDecision, ...]:
+    """Join a classification with per-container (new limit, reason) pairs."""
+    out = []
+    for c in cl.items:
+        new, why = updates[c.view.name]
+        out.append(
+            ContainerDecision(
+                name=c.view.name,
+                cls=c.cls,
+                q_s=c.q_s,
+                latency_s=c.view.latency_s if c.fresh else c.view.last_latency_s,
+                cpu_share=c.view.cpu_share,
+                old_limit=c.view.limit,
+                new_limit=new,
+                reason=why,
+            )
+        )
+    return tuple(out)
+
+
+class DQoESPolicy:
+    """Algorithm 1 every round, Algorithm 2 choosing when the next round runs."""
+
+    name = "dqoes"
+
+    def __init__(self, params: DQoESParams | None = None) -> None:
+        self.params = params or DQoESParams()
+        self.listener = ListenerState(self.params.initial_interval_s)
+
+    @property
+    def alpha(self) -> float:
+        return self.params.alpha
+
+    @property
+    def initial_interval_s(self) -> float:
+        return self.params.initial_interval_s
+
+    def set_params(self, params: DQoESParams) -> None:
+        """Operator change at runtime; the listener restarts from the new IV."""
+        self.params = params
+        self.listener = ListenerState(params.initial_interval_s)
+
+    def decide(self, view: NodeView) -> Decision:
+        p = self.params
+        cl = classify_views(view.containers)
+        ups = update_limits(cl, p.beta, p.total_resource, len(view.containers))
+        self.listener, why = listener_step(
+            self.listener, cl.q_g_s, cl.q_b_s, cl.satisfied, p, view.event
+        )
+        return Decision(
+            node=view.node,
+            now_s=view.now_s,
+            policy=self.name,
+            containers=decisions_from(view, cl, {k: (u.new_limit, u.reason) for k, u in ups.items()}),
+            q_g_s=cl.q_g_s,
+            q_b_s=cl.q_b_s,
+            satisfied=cl.satisfied,
+            interval_s=self.listener.interval_s,
+            listener=why,
+            event=view.event,
+            extra={"r_g": cl.r_g, "r_b": cl.r_b},
+        )

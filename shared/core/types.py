@@ -1,0 +1,129 @@
+"""Values the control core passes around: what a policy sees and what it decides.
+
+Every policy (DQoES, default Swarm, the oracle, later allocators) is driven by the
+same `NodeController` through the same two types, so the live worker and the
+simulator can never drift apart: `NodeView` in, `Decision` out.
+
+Units: CPU is a fraction of the node's capacity (1.0 = the whole node, the
+paper's T_R), times are seconds, latencies are seconds per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Cls(StrEnum):
+    """DQoES classes: better than the objective, satisfied, worse."""
+
+    G = "G"
+    S = "S"
+    B = "B"
+
+
+def classify(objective_s: float, latency_s: float, alpha: float) -> Cls:
+    """Algorithm 1, lines 6-15: q = o - p; G if q > alpha*o, B if q < -alpha*o, else S."""
+    q_s = objective_s - latency_s
+    if q_s > alpha * objective_s:
+        return Cls.G
+    if q_s < -alpha * objective_s:
+        return Cls.B
+    return Cls.S
+
+
+def is_satisfied(objective_s: float | None, latency_s: float | None, alpha: float) -> bool:
+    """True when a latency lies inside the +-alpha band around its objective."""
+    if objective_s is None or latency_s is None:
+        return False
+    return classify(objective_s, latency_s, alpha) is Cls.S
+
+
+def check_fraction(value: float | None, what: str, *, allow_zero: bool = False) -> None:
+    """Reject a CPU fraction that is not a finite number in (0, 1] (or [0, 1])."""
+    if value is None:
+        return
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero) or value > 1.0:
+        raise ValueError(f"{what} must be a fraction of the node in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerView:
+    """One managed container as the controller sees it at the start of a round.
+
+    `latency_s` is the latest batch latency completed since the previous round
+    (None: no new batch). `last_latency_s` and `prev_cls` carry what was known
+    before, so a container without a new batch keeps its class.
+    `cpu_share` is the CPU it used over the last interval (fraction of the node),
+    None before there are two counter readings.
+    """
+
+    name: str
+    objective_s: float
+    alpha: float
+    latency_s: float | None
+    last_latency_s: float | None
+    cpu_share: float | None
+    limit: float | None
+    prev_cls: Cls | None = None
+    prev_q_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeView:
+    """Everything a policy may look at for one node and one round."""
+
+    node: str
+    cores: float
+    now_s: float
+    containers: tuple[ContainerView, ...]
+    # Why the round runs now rather than on its interval: "added", "removed",
+    # "objective", or None for a scheduled round.
+    event: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDecision:
+    """What a round concluded for one container. `cls` None: no batch yet (pending)."""
+
+    name: str
+    cls: Cls | None
+    q_s: float | None
+    latency_s: float | None
+    cpu_share: float | None
+    old_limit: float | None
+    new_limit: float | None
+    reason: str
+
+    @property
+    def changed(self) -> bool:
+        return self.old_limit != self.new_limit
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """One round's outcome on one node; `interval_s` is the delay to the next round."""
+
+    node: str
+    now_s: float
+    policy: str
+    containers: tuple[ContainerDecision, ...]
+    q_g_s: float
+    q_b_s: float
+    satisfied: int
+    interval_s: float
+    listener: str = ""
+    event: str | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = {"G": 0, "S": 0, "B": 0, "pending": 0}
+        for c in self.containers:
+            out[c.cls.value if c.cls else "pending"] += 1
+        return out
+
+    @property
+    def changes(self) -> tuple[ContainerDecision, ...]:
+        return tuple(c for c in self.containers if c.changed)

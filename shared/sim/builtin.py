@@ -1,0 +1,132 @@
+"""The DQoES paper's six experiments (section V) as built-in scenarios.
+
+The node model is derived in docs/scenarios.md ("The paper's node"); the
+constants below are the outcome of that derivation, not tuning knobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from shared.core.dqoes import DQoESParams
+from shared.core.profiles import BUILTIN_PROFILES, PAPER_MIXED_MODELS
+from shared.sim.scenario import (
+    ContainerSpec,
+    NodeSpec,
+    ObjectiveRule,
+    Scenario,
+    generate_containers,
+)
+
+PAPER_NODE_CORES = 4.6
+"""Cores of the simulated paper worker (see docs/scenarios.md)."""
+PAPER_THREADS = 4
+"""Intra-op threads of the paper's workloads (PyTorch uses the physical cores)."""
+PAPER_VARIED_OBJECTIVES_S = (75, 53, 61, 44, 31, 95, 82, 5, 13, 25)
+PAPER_RULE = ObjectiveRule()
+
+
+def _node(name: str = "worker-1") -> NodeSpec:
+    return NodeSpec(name, PAPER_NODE_CORES)
+
+
+def _resnets(objectives: list[float], submits: list[float]) -> tuple[ContainerSpec, ...]:
+    return tuple(
+        ContainerSpec(f"c{i + 1:02d}", "resnet50", float(o), float(s), threads=PAPER_THREADS)
+        for i, (o, s) in enumerate(zip(objectives, submits, strict=True))
+    )
+
+
+def _scenario(name: str, desc: str, nodes, containers, duration_s: float, seed: int | None, rule: str = "") -> Scenario:
+    return Scenario(
+        name=name,
+        nodes=tuple(nodes),
+        containers=tuple(containers),
+        profiles=dict(BUILTIN_PROFILES),
+        duration_s=duration_s,
+        controller=DQoESParams(),
+        description=desc,
+        seed=seed,
+        objective_rule=rule,
+    )
+
+
+def identical_unachievable(seed: int | None = None) -> Scenario:
+    return _scenario(
+        "paper-identical-unachievable",
+        "Fig. 2-3: 10 x ResNet-50, burst, identical unachievable objective 20 s",
+        [_node()], _resnets([20] * 10, [0] * 10), 900, seed,
+    )
+
+
+def identical_achievable(seed: int | None = None) -> Scenario:
+    return _scenario(
+        "paper-identical-achievable",
+        "Fig. 4-5: 10 x ResNet-50, burst, identical achievable objective 40 s",
+        [_node()], _resnets([40] * 10, [0] * 10), 900, seed,
+    )
+
+
+def varied(seed: int | None = None) -> Scenario:
+    return _scenario(
+        "paper-varied",
+        "Fig. 6-7: 10 x ResNet-50, burst, objectives 75,53,61,44,31,95,82,5,13,25 s",
+        [_node()], _resnets(list(PAPER_VARIED_OBJECTIVES_S), [0] * 10), 1200, seed,
+    )
+
+
+def _random(name, desc, count, models, nodes, seed, window, every, duration):
+    seed = 1 if seed is None else seed
+    specs = generate_containers(
+        count, models, BUILTIN_PROFILES, nodes, seed,
+        submit_window_s=window, submit_every_s=every, threads=PAPER_THREADS, rule=PAPER_RULE,
+    )
+    return _scenario(name, desc, nodes, specs, duration, seed, PAPER_RULE.describe())
+
+
+def fixed_interval(seed: int | None = None) -> Scenario:
+    return _random(
+        "paper-fixed-interval",
+        "Fig. 8-9: 10 x ResNet-50, random objectives, one submission every 50 s",
+        10, ["resnet50"], [_node()], seed, (0.0, 450.0), 50.0, 1500,
+    )
+
+
+def random_single_node(seed: int | None = None) -> Scenario:
+    return _random(
+        "paper-random-single-node",
+        "Fig. 10-11: 10 mixed models, random objectives, submissions in [0, 300 s], one node",
+        10, list(PAPER_MIXED_MODELS), [_node()], seed, (0.0, 300.0), None, 1500,
+    )
+
+
+def cluster_40(seed: int | None = None) -> Scenario:
+    return _random(
+        "paper-cluster-40",
+        "Fig. 12-15: 40 mixed models on 4 workers, random objectives and submissions in [0, 300 s]",
+        40, list(PAPER_MIXED_MODELS), [_node(f"worker-{i}") for i in range(1, 5)], seed,
+        (0.0, 300.0), None, 1500,
+    )
+
+
+BUILTINS: dict[str, Callable[[int | None], Scenario]] = {
+    "paper-identical-unachievable": identical_unachievable,
+    "paper-identical-achievable": identical_achievable,
+    "paper-varied": varied,
+    "paper-fixed-interval": fixed_interval,
+    "paper-random-single-node": random_single_node,
+    "paper-cluster-40": cluster_40,
+}
+
+
+def load(name_or_path: str, seed: int | None = None) -> Scenario:
+    """A built-in by name, else a TOML/JSON scenario file."""
+    from shared.sim.scenario import ScenarioError, load_scenario_file
+
+    if name_or_path in BUILTINS:
+        return BUILTINS[name_or_path](seed)
+    if name_or_path.endswith((".toml", ".json")) or "/" in name_or_path:
+        return load_scenario_file(name_or_path, seed)
+    raise ScenarioError(
+        f"scenario: unknown scenario {name_or_path!r} (built-ins: {', '.join(BUILTINS)}; or give a .toml/.json file)"
+    )
