@@ -87,7 +87,7 @@ def update_limits(
         v = c.view
         old = v.limit
         if c.cls is None:
-            out[v.name] = LimitUpdate(old, "pending: no batch yet")
+            out[v.name] = LimitUpdate(_clamp(old, floor, cap), "pending: no batch yet")
             continue
         if not c.fresh or c.cls is Cls.S:
             why = "satisfied" if c.cls is Cls.S else "no new batch: class and limit kept"

@@ -2,11 +2,16 @@
 
 It knows every container's latency curve (its model profile), which no real
 controller does, and solves the static problem exactly: choose limits, each in
-[1/(2|C|), T_R] like DQoES's, with their CPU use summing to at most the node,
-maximising how many containers land inside +-alpha of their objective. With a
-value of one per container this knapsack is solved exactly by taking the
-cheapest extra CPU first. It is the "physical limit" other policies are
-measured against, for an allocation held steady.
+[1/(2|C|), T_R] like DQoES's, with the containers' average CPU use summing to
+at most the node, maximising how many containers land inside +-alpha of their
+objective. With a value of one per container this knapsack is solved exactly
+by taking the cheapest extra CPU first. Its count is the "physical limit"
+other policies are measured against: every container needs at least the
+average CPU its slowest acceptable batch burns, and no policy can hand out
+more CPU than the node has (a container held at the floor, or sharing by CFS,
+still burns at least the floor's worth). The capacity constraint is on average
+use, not on limits, because batches with non-CPU overhead leave CPU for others
+(a bound on limits was beaten by default Swarm in property testing).
 """
 
 from __future__ import annotations
@@ -20,8 +25,9 @@ from shared.core.profiles import ModelProfile, limit_for_latency, limit_for_min_
 from shared.core.types import Decision, NodeView
 
 _EPS = 1e-12
-# Aim a hair inside the band edge so a noise-free batch classifies as S.
-_EDGE = 1.0 - 1e-9
+# Feasibility uses the closed band widened by a hair, never narrowed: the count
+# must stay an upper bound even where a latency lands exactly on an edge.
+_SLACK = 1e-9
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,19 @@ class OraclePlan:
         return len(self.satisfied)
 
 
+def average_use(p: ModelProfile, limit: float, node_cores: float) -> float:
+    """Average CPU (fraction of the node) a container burns running batch after
+    batch at this limit: its CPU per batch over its batch latency. Time spent in
+    per-batch overhead uses none, so containers with overhead can share a node
+    beyond the sum of their limits; the capacity constraint is on this average."""
+    limit_cores = limit * node_cores
+    rate = min(limit_cores, float(p.threads), node_cores)
+    if rate <= 0:
+        return 0.0
+    cpu_s = p.work_cpu_s * p.cpu_multiplier(limit_cores)
+    return cpu_s / (cpu_s / rate + p.overhead_s) / node_cores
+
+
 def plan_node(
     items: Sequence[OracleItem], node_cores: float, total_resource: float = 1.0
 ) -> OraclePlan:
@@ -59,15 +78,27 @@ def plan_node(
     cap = total_resource
 
     def use(p: ModelProfile, limit: float) -> float:
-        # CPU actually burned at a limit: no more than its threads can use.
-        return min(limit, p.threads / node_cores)
+        return average_use(p, limit, node_cores)
+
+    def limit_for(p: ModelProfile, target_use: float) -> float:
+        # Average use grows with the limit: bisect for the limit that uses target_use.
+        a, b = floor, cap
+        if use(p, b) <= target_use:
+            return b
+        for _ in range(60):
+            m = (a + b) / 2
+            if use(p, m) <= target_use:
+                a = m
+            else:
+                b = m
+        return a
 
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
     too_fast, too_slow = [], []
     for it in items:
-        slow_edge = (1 + it.alpha) * it.objective_s * _EDGE
-        fast_edge = (1 - it.alpha) * it.objective_s / _EDGE
+        slow_edge = (1 + it.alpha) * it.objective_s * (1 + _SLACK)
+        fast_edge = (1 - it.alpha) * it.objective_s * (1 - _SLACK)
         need = limit_for_latency(it.profile, slow_edge, node_cores, lo=floor, hi=cap)
         most = limit_for_min_latency(it.profile, fast_edge, node_cores, lo=floor, hi=cap)
         if need is None:
@@ -107,9 +138,8 @@ def plan_node(
             budget -= extra
             limits[k] = target
         elif budget > _EPS:
-            # Partial step: find the limit that uses exactly the rest.
-            # Below the thread cap a limit and its use coincide.
-            limits[k] = use(p, limits[k]) + budget
+            # Partial step: the limit that uses exactly the rest.
+            limits[k] = limit_for(p, use(p, limits[k]) + budget)
             budget = 0.0
     # The rest goes to the unachievable, whose latency it can only improve.
     slow = [k for k in too_slow + no_room if use(by_name[k].profile, cap) > use(by_name[k].profile, floor)]
@@ -120,7 +150,7 @@ def plan_node(
             p = by_name[k].profile
             room = use(p, cap) - use(p, limits[k])
             give = min(room, share)
-            limits[k] = use(p, limits[k]) + give
+            limits[k] = limit_for(p, use(p, limits[k]) + give)
             budget -= give
             if room - give > _EPS:
                 still.append(k)

@@ -1,0 +1,89 @@
+"""The runtime interface: where a node's containers live and how their CPU is limited.
+
+One small async interface, several implementations chosen by the caller
+(`sim`: simulated containers on a scaled clock; `docker`: a real engine;
+`cgroup`: plain processes in cgroups). The worker only ever talks to this
+interface, and one contract test suite (tests/contract) runs against every
+implementation.
+
+Units: limits are fractions of the node (1.0 = every core), as the control
+core uses them; an implementation converts to its own (Docker NanoCpus or
+CpuQuota, cgroup cpu.max or cfs_quota_us). CPU use is cumulative CPU-seconds,
+like cpuacct.usage, so the controller computes per-interval shares itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Literal, Protocol
+
+MANAGED_LABEL = "dqoes.managed"
+"""Only containers carrying this label with value "true" are ever touched."""
+NODE_LABEL = "dqoes.node"
+OBJECTIVE_LABEL = "dqoes.objective_s"
+ALPHA_LABEL = "dqoes.alpha"
+MODEL_LABEL = "dqoes.model"
+
+
+class RuntimeFailure(Exception):
+    """A runtime operation failed (engine gone, container vanished, bad state).
+
+    The message is one line a log can carry; the worker logs it and goes on.
+    """
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeContainer:
+    """A managed container as the runtime sees it."""
+
+    name: str
+    """The name DQoES knows it by (Docker name without the leading '/')."""
+    id: str
+    """The runtime's own id (Docker full id, cgroup path, simulated name)."""
+    node: str
+    limit: float | None = None
+    """CPU limit in force, fraction of the node; None: none."""
+    objective_s: float | None = None
+    """From the container's labels, if it carries one."""
+    alpha: float | None = None
+    model: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    label_error: str | None = None
+    """Why an objective/alpha label was ignored (malformed), for one log line."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeEvent:
+    """A container started (joins the pool) or stopped (leaves it, releasing its CPU)."""
+
+    kind: Literal["started", "stopped"]
+    container: RuntimeContainer
+
+
+class Runtime(Protocol):
+    """What the worker needs from wherever its containers run."""
+
+    node: str
+    cores: float
+
+    async def start(self) -> None:
+        """Connect; after this `containers()` and `events()` work."""
+
+    async def containers(self) -> list[RuntimeContainer]:
+        """The managed containers running now."""
+
+    async def cpu_totals_s(self) -> dict[str, float]:
+        """Cumulative CPU-seconds of each managed running container, by name."""
+
+    async def set_limit(self, name: str, limit: float | None) -> float | None:
+        """Apply a limit (fraction of the node, None: none); return the limit now in force.
+
+        Raises RuntimeFailure when it cannot be applied; nothing else changes then.
+        """
+
+    def events(self) -> AsyncIterator[RuntimeEvent]:
+        """Start/stop events of managed containers, as they happen."""
+
+    async def close(self) -> None:
+        """Release connections; never stops or changes containers."""
