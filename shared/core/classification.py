@@ -32,10 +32,7 @@ class Classification:
     q_b_s: float
     r_g: float
     r_b: float
-
-    @property
-    def satisfied(self) -> int:
-        return sum(1 for c in self.items if c.cls is Cls.S)
+    satisfied: int
 
     def members(self, cls: Cls) -> tuple[str, ...]:
         return tuple(c.view.name for c in self.items if c.cls is cls)
@@ -49,6 +46,7 @@ def classify_views(views: Sequence[ContainerView]) -> Classification:
     """
     items: list[Classified] = []
     q_g = q_b = r_g = r_b = 0.0
+    n_s = 0
     for v in views:
         if v.latency_s is not None:
             q = v.objective_s - v.latency_s
@@ -70,5 +68,7 @@ def classify_views(views: Sequence[ContainerView]) -> Classification:
         elif cls is Cls.B:
             q_b += q
             r_b += usage
+        else:
+            n_s += 1
         items.append(Classified(v, cls, q, fresh))
-    return Classification(tuple(items), q_g, q_b, r_g, r_b)
+    return Classification(tuple(items), q_g, q_b, r_g, r_b, n_s)

@@ -1,0 +1,37 @@
+"""Run the benchmarks: `python -m bench [NAME ...] [--json]`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import orjson
+
+SUITES = {
+    "core": "bench.bench_core",
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description="Run DQoES benchmarks and print figures.")
+    ap.add_argument("names", nargs="*", help=f"suites to run (default: all of {', '.join(SUITES)})")
+    ap.add_argument("--json", action="store_true", help="last line of stdout: all figures as one JSON object")
+    args = ap.parse_args(argv)
+    names = args.names or list(SUITES)
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        print(f"bench: error: unknown suite(s) {', '.join(unknown)} (have: {', '.join(SUITES)})", file=sys.stderr)
+        return 2
+    results: dict[str, dict] = {}
+    for name in names:
+        mod = importlib.import_module(SUITES[name])
+        print(f"== {name}: {mod.__doc__.strip().splitlines()[0]}")
+        results[name] = mod.run()
+    if args.json:
+        print(orjson.dumps(results).decode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
