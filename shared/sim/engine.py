@@ -19,12 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.core.baselines import DefaultPolicy, spread_place
+from shared.core.baselines import DefaultPolicy
 from shared.core.controller import NodeController, Policy
 from shared.core.dqoes import DQoESPolicy
 from shared.core.oracle import OracleItem, OraclePolicy, plan_node
 from shared.core.types import Decision, is_satisfied
 from shared.sim.physics import SimNode
+from shared.sim.placement import place
 from shared.sim.scenario import Scenario
 
 POLICIES = ("dqoes", "default", "oracle")
@@ -171,7 +172,7 @@ def simulate(
     placed: dict[str, str] = {}
     latest: dict[str, float] = {}
     batches: dict[str, int] = {}
-    running = {n: 0 for n in nodes}
+    placement = place(scenario)
     timeline: list[dict[str, Any]] = []
     series: list[tuple[float, int]] = []
     node_satisfied = {n: 0 for n in nodes}
@@ -249,7 +250,7 @@ def simulate(
         t = min(t_evt, t_node, t_round, end)
         for name, node in nodes.items():
             for b in node.advance(t):
-                ctrls[name].record_latency(b.container, b.latency_s)
+                ctrls[name].record_latency(b.container, b.latency_s, t)
                 latest[b.container] = b.latency_s
                 batches[b.container] = batches.get(b.container, 0) + 1
         while heap and heap[0][0] <= t:
@@ -259,9 +260,8 @@ def simulate(
                 continue
             spec = specs[cname]
             if kind == "submit":
-                where = spec.node or spread_place(running)
+                where = placement[cname]
                 placed[cname] = where
-                running[where] += 1
                 limit = None if spec.cpus is None else spec.cpus / nodes[where].cores
                 nodes[where].add(
                     cname, scenario.profile_of(spec), t, random.Random(f"noise:{seed}:{cname}"),
@@ -271,7 +271,6 @@ def simulate(
                                  alpha=spec.alpha, limit=limit)
             else:
                 where = placed[cname]
-                running[where] -= 1
                 nodes[where].remove(cname, t)
                 ctrls[where].remove(cname, t)
                 latest.pop(cname, None)

@@ -127,3 +127,44 @@ def test_per_container_alpha_overrides_the_default():
     c.record_latency("wide", 25.0)  # q = 15 < 0.5*40: satisfied with the wide band
     d = c.run_round(10.0, {"wide": 10.0})
     assert d.containers[0].cls is Cls.S
+
+
+def backed_off_controller():
+    """One satisfied container on a node whose listener has doubled its interval."""
+    c = ctrl(initial_interval_s=10.0)
+    c.add("a", 0.0, cpu_total_s=0.0, objective_s=40)
+    t = 0.0
+    for _ in range(5):
+        t += 10.0
+        c.record_latency("a", 40.0)
+        d = c.run_round(t, {"a": t})
+    assert d.interval_s == 20.0 and d.containers[0].cls is Cls.S
+    return c, t
+
+
+def test_two_out_of_band_batches_make_a_round_due_when_backed_off():
+    c, t = backed_off_controller()
+    assert not c.due(t + 1)
+    c.record_latency("a", 60.0, now_s=t + 1)  # one noisy batch: wait for the round
+    assert not c.due(t + 1)
+    c.record_latency("a", 61.0, now_s=t + 2)  # confirmed: the stable state broke
+    assert c.due(t + 2)
+    d = c.run_round(t + 2, {"a": t + 2})
+    assert d.event == "disturbance: a left S" and d.interval_s == 10.0
+
+
+def test_an_in_band_batch_restarts_the_confirmation():
+    c, t = backed_off_controller()
+    for lat in (60.0, 40.0, 60.0):
+        c.record_latency("a", lat, now_s=t + 1)
+    assert not c.due(t + 1)
+
+
+def test_no_early_round_at_the_initial_interval():
+    c = ctrl(initial_interval_s=10.0)
+    c.add("a", 0.0, cpu_total_s=0.0, objective_s=40)
+    c.record_latency("a", 40.0)
+    c.run_round(10.0, {"a": 10.0})
+    for lat in (60.0, 61.0):
+        c.record_latency("a", lat, now_s=11.0)
+    assert not c.due(11.0) and c.due(20.0)
