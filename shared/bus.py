@@ -1,0 +1,639 @@
+"""The message bus: the one module that imports `nats`.
+
+Why: every service (worker, manager, inference containers, dashboard, CLI)
+needs the same few things from NATS, and each needs them to behave the same
+way when things go wrong. Here, once:
+
+- connect with one clear error if the server cannot be reached in time, then
+  reconnect forever with a short wait; a disconnect and a reconnect are one
+  log line each;
+- publish schema messages (`shared.schema`, msgpack, sender = the bus's
+  name), raw bytes, or JSON for the public subjects;
+- subscribe with a handler that receives the decoded message. A payload that
+  does not decode is dropped, counted (`bus.dropped`) and logged as one
+  WARNING line at most every 5 s per subscription, with the count; a handler
+  that raises is logged as one line and the subscription goes on. Nothing a
+  peer sends can kill a subscriber;
+- request/reply, JetStream key-value (`Bus.kv`), drain on shutdown.
+
+Errors from NATS surface as `BusError` (or `RequestTimeout`, `NoResponders`)
+with a one-line message, so services never import nats to catch them.
+Handlers run one at a time per subscription, in arrival order: keep them
+short or hand work to a task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+import orjson
+from nats.aio.client import Client as _NatsClient
+from nats.js.api import KeyValueConfig, StorageType
+
+from shared import schema
+from shared.schema import Message, SchemaError
+
+log = logging.getLogger(__name__)
+
+LOG_EVERY_S = 5.0
+"""At most one WARNING line per subscription and kind of trouble in this many seconds."""
+
+
+class BusError(Exception):
+    """A bus operation failed (not connected, server gone, JetStream missing); one line."""
+
+
+class RequestTimeout(BusError, TimeoutError):
+    """A request got no reply in time."""
+
+
+class NoResponders(BusError):
+    """A request went to a subject nobody serves."""
+
+
+@dataclass(frozen=True, slots=True)
+class Incoming:
+    """A received message as handlers see it: where it came from and how to answer.
+
+    `sender` and `ts` (unix s) come from the schema envelope; None on raw subscriptions.
+    """
+
+    subject: str
+    reply: str
+    data: bytes
+    sender: str | None = None
+    ts: float | None = None
+
+
+MessageHandler = Callable[[Message, Incoming], Awaitable[None] | None]
+RawHandler = Callable[[Incoming], Awaitable[None] | None]
+
+
+class _RateLimiter:
+    """Counts events per key; says when (and how many) to log, at most once per interval."""
+
+    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval_s = interval_s
+        self.clock = clock
+        self._last: dict[Hashable, float] = {}
+        self._pending: Counter[Hashable] = Counter()
+
+    def hit(self, key: Hashable) -> int | None:
+        """Count one event; return the count to log now, or None to stay quiet."""
+        self._pending[key] += 1
+        now = self.clock()
+        last = self._last.get(key)
+        if last is not None and now - last < self.interval_s:
+            return None
+        self._last[key] = now
+        return self._pending.pop(key)
+
+    def flush(self) -> dict[Hashable, int]:
+        """Counts not yet logged (at shutdown)."""
+        out = dict(self._pending)
+        self._pending.clear()
+        return out
+
+
+class Subscription:
+    """One subscription of a `Bus`; counts what it delivered, dropped and what failed."""
+
+    def __init__(self, subject: str, queue: str | None) -> None:
+        self.subject = subject
+        self.queue = queue
+        self.delivered = 0
+        self.dropped = 0
+        self.failed = 0
+        self._sub: Any = None
+
+    async def unsubscribe(self) -> None:
+        if self._sub is not None:
+            sub, self._sub = self._sub, None
+            try:
+                await sub.unsubscribe()
+            except nats.errors.Error as e:
+                log.debug("unsubscribe from %s: %r", self.subject, e)
+
+    def __repr__(self) -> str:
+        return (
+            f"Subscription({self.subject!r}, delivered={self.delivered}, "
+            f"dropped={self.dropped}, failed={self.failed})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class KVEntry:
+    """One key-value update: `value` None when the key was deleted or purged."""
+
+    key: str
+    value: bytes | None
+    revision: int
+
+    @property
+    def deleted(self) -> bool:
+        return self.value is None
+
+
+KVCallback = Callable[[KVEntry], Awaitable[None] | None]
+
+
+class Bus:
+    """A connection to NATS with schema-aware publish/subscribe. Build with `await Bus.connect(...)`."""
+
+    def __init__(self, nc: _NatsClient, name: str, url: str, reconnect_wait_s: float) -> None:
+        self._nc = nc
+        self.name = name
+        self.url = url
+        self.reconnect_wait_s = reconnect_wait_s
+        self.dropped = 0
+        """Payloads that failed to decode, over all subscriptions."""
+        self.dropped_by_subject: Counter[str] = Counter()
+        """The same, per subscribed subject (pattern)."""
+        self.handler_errors = 0
+        self._limiter = _RateLimiter(LOG_EVERY_S)
+        self._closing = False
+        self._kv_watches: set[KVWatch] = set()
+        self._last_error: BaseException | None = None
+
+    # --- connection -------------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        name: str,
+        *,
+        connect_timeout_s: float = 5.0,
+        reconnect_wait_s: float = 0.5,
+        drain_timeout_s: float = 5.0,
+        ping_interval_s: float = 10.0,
+    ) -> Bus:
+        """Connect to `url` as `name` (also the `sender` of every message published).
+
+        Raises BusError (one line) if no connection is made within
+        `connect_timeout_s`. Once connected, the bus reconnects forever,
+        every `reconnect_wait_s`.
+        """
+        nc = _NatsClient()
+        bus = cls(nc, name, url, reconnect_wait_s)
+        try:
+            await asyncio.wait_for(
+                nc.connect(
+                    servers=[url],
+                    name=name,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=reconnect_wait_s,
+                    connect_timeout=min(connect_timeout_s, 2.0),
+                    drain_timeout=drain_timeout_s,
+                    ping_interval=ping_interval_s,
+                    max_outstanding_pings=3,
+                    error_cb=bus._on_error,
+                    disconnected_cb=bus._on_disconnected,
+                    reconnected_cb=bus._on_reconnected,
+                    closed_cb=bus._on_closed,
+                ),
+                connect_timeout_s,
+            )
+        except (TimeoutError, OSError, nats.errors.Error) as e:
+            bus._closing = True
+            await _close_quietly(nc)
+            last = bus._last_error or e
+            raise BusError(
+                f"cannot connect to NATS at {url} within {connect_timeout_s:g} s "
+                f"(last error: {_one_line(last)})"
+            ) from None
+        log.info("connected to NATS at %s as %s", url, name)
+        return bus
+
+    async def _on_error(self, e: Exception) -> None:
+        self._last_error = e
+        if self._closing or not self._nc.is_connected or isinstance(e, _CONNECTION_LOST):
+            # A lost connection is reported once, by the disconnect line.
+            log.debug("NATS error while (dis)connecting: %r", e)
+            return
+        count = self._limiter.hit(("nats-error", type(e).__name__))
+        if count is not None:
+            log.warning("NATS error (%d in the last %g s): %s", count, LOG_EVERY_S, _one_line(e))
+
+    async def _on_disconnected(self) -> None:
+        if not self._closing:
+            why = f" ({_one_line(self._last_error)})" if self._last_error else ""
+            log.warning(
+                "disconnected from NATS at %s%s; reconnecting every %g s",
+                self.url,
+                why,
+                self.reconnect_wait_s,
+            )
+
+    async def _on_reconnected(self) -> None:
+        self._last_error = None
+        log.info("reconnected to NATS at %s", self.url)
+
+    async def _on_closed(self) -> None:
+        log.debug("NATS connection of %s closed", self.name)
+
+    @property
+    def is_connected(self) -> bool:
+        return self._nc.is_connected
+
+    # --- publishing -------------------------------------------------------------------
+
+    async def publish(self, subject: str, msg: Message, *, ts: float | None = None) -> None:
+        """Publish a schema message (msgpack, sender = this bus's name, ts default now)."""
+        data = schema.encode(msg, self.name, ts)
+        log.debug("publish %s on %s (%d bytes)", msg.TYPE, subject, len(data))
+        await self._publish(subject, data)
+
+    async def publish_raw(self, subject: str, data: bytes, *, reply: str = "") -> None:
+        """Publish bytes as they are (public subjects, replies)."""
+        log.debug("publish %d raw bytes on %s", len(data), subject)
+        await self._publish(subject, bytes(data), reply)
+
+    async def publish_json(self, subject: str, obj: Any) -> None:
+        """Publish JSON: `obj.to_json()` if it has one (ClusterState), else orjson of `obj`."""
+        to_json = getattr(obj, "to_json", None)
+        data = to_json() if callable(to_json) else orjson.dumps(obj)
+        await self.publish_raw(subject, data)
+
+    async def _publish(self, subject: str, data: bytes, reply: str = "") -> None:
+        try:
+            await self._nc.publish(subject, data, reply=reply)
+        except nats.errors.Error as e:
+            raise BusError(f"publish on {subject} failed: {_one_line(e)}") from None
+
+    async def flush(self, timeout_s: float = 2.0) -> None:
+        """Wait until the server has processed everything sent so far (subscriptions too)."""
+        try:
+            # nats.py's flush() writes its PING straight to the socket, ahead of
+            # commands still queued for its flusher task (a SUB just made, say),
+            # so its PONG can come back before the server has seen them. Have
+            # the flusher write the queue first (nats.py 2.16, private method).
+            flush_pending = getattr(self._nc, "_flush_pending", None)
+            if flush_pending is not None and self._nc.is_connected:
+                await asyncio.wait_for(flush_pending(force_flush=True), timeout_s)
+            await self._nc.flush(timeout=timeout_s)
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"flush failed: {_one_line(e)}") from None
+
+    # --- subscribing ------------------------------------------------------------------
+
+    async def subscribe(
+        self,
+        subject: str,
+        handler: MessageHandler,
+        *,
+        queue: str | None = None,
+        expect: type | tuple[type, ...] | None = None,
+    ) -> Subscription:
+        """Call `handler(message, incoming)` for every schema message on `subject`.
+
+        `expect`: message class(es) this subscription takes; others are
+        dropped like undecodable payloads. `queue`: a queue group (one member
+        gets each message). Handlers may be plain or async functions.
+        """
+        sub = Subscription(subject, queue)
+
+        async def on_msg(m: Any) -> None:
+            try:
+                env = schema.decode_envelope(m.data)
+                if expect is not None and not isinstance(env.msg, expect):
+                    raise SchemaError(f"message.type: {env.type!r} is not expected here")
+            except SchemaError as e:
+                self._drop(sub, m.subject, e)
+                return
+            sub.delivered += 1
+            log.debug("received %s on %s from %s", env.type, m.subject, env.sender)
+            incoming = Incoming(m.subject, m.reply or "", m.data, env.sender, env.ts)
+            await self._call(sub, handler, env.msg, incoming)
+
+        return await self._subscribe(sub, on_msg)
+
+    async def subscribe_raw(
+        self, subject: str, handler: RawHandler, *, queue: str | None = None
+    ) -> Subscription:
+        """Call `handler(incoming)` with the bytes as they came (public JSON subjects)."""
+        sub = Subscription(subject, queue)
+
+        async def on_msg(m: Any) -> None:
+            sub.delivered += 1
+            log.debug("received %d raw bytes on %s", len(m.data), m.subject)
+            await self._call(sub, handler, Incoming(m.subject, m.reply or "", m.data))
+
+        return await self._subscribe(sub, on_msg)
+
+    async def _subscribe(
+        self, sub: Subscription, on_msg: Callable[[Any], Awaitable[None]]
+    ) -> Subscription:
+        try:
+            sub._sub = await self._nc.subscribe(sub.subject, queue=sub.queue or "", cb=on_msg)
+        except nats.errors.Error as e:
+            raise BusError(f"subscribe to {sub.subject} failed: {_one_line(e)}") from None
+        if self._nc.is_connected:
+            # Return only once the server has the subscription, so a message
+            # published right after (by anyone) reaches it. While disconnected
+            # nats.py replays subscriptions on reconnect.
+            try:
+                await self.flush()
+            except BusError as e:
+                log.debug("subscribe to %s not confirmed: %s", sub.subject, e)
+        log.debug("subscribed to %s", sub.subject)
+        return sub
+
+    def _drop(self, sub: Subscription, subject: str, error: SchemaError) -> None:
+        sub.dropped += 1
+        self.dropped += 1
+        self.dropped_by_subject[sub.subject] += 1
+        count = self._limiter.hit(("drop", sub.subject))
+        if count is not None:
+            log.warning(
+                "dropped %d undecodable message(s) on %s; latest on %s: %s",
+                count,
+                sub.subject,
+                subject,
+                error,
+            )
+
+    async def _call(self, sub: Subscription, handler: Callable[..., Any], *args: Any) -> None:
+        try:
+            result = handler(*args)
+            if inspect.isawaitable(result):
+                await result
+        except Exception as e:
+            sub.failed += 1
+            self.handler_errors += 1
+            count = self._limiter.hit(("handler", sub.subject))
+            if count is not None:
+                log.error(
+                    "handler %s for %s failed (%d time(s) since last report): %r",
+                    getattr(handler, "__qualname__", handler),
+                    sub.subject,
+                    count,
+                    e,
+                )
+            log.debug("handler failure on %s", sub.subject, exc_info=True)
+
+    # --- request / reply --------------------------------------------------------------
+
+    async def request(
+        self, subject: str, payload: bytes | Message, timeout_s: float = 2.0
+    ) -> bytes:
+        """Send a request (bytes as they are, or a schema message) and return the reply's bytes."""
+        if isinstance(payload, bytes | bytearray | memoryview):
+            data = bytes(payload)
+        else:
+            data = schema.encode(payload, self.name)
+        try:
+            reply = await self._nc.request(subject, data, timeout=timeout_s)
+        except nats.errors.NoRespondersError:
+            raise NoResponders(f"no responders on {subject}") from None
+        except nats.errors.TimeoutError:
+            raise RequestTimeout(f"no reply on {subject} within {timeout_s:g} s") from None
+        except nats.errors.Error as e:
+            raise BusError(f"request on {subject} failed: {_one_line(e)}") from None
+        return reply.data
+
+    async def reply(self, incoming: Incoming, payload: bytes | Message) -> bool:
+        """Answer a request; False (nothing sent) if the message asked for no reply."""
+        if not incoming.reply:
+            return False
+        if isinstance(payload, bytes | bytearray | memoryview):
+            await self.publish_raw(incoming.reply, bytes(payload))
+        else:
+            await self.publish(incoming.reply, payload)
+        return True
+
+    # --- JetStream key-value ----------------------------------------------------------
+
+    async def kv(self, bucket: str, history: int = 5) -> KV:
+        """The key-value bucket `bucket` (file storage), created if missing.
+
+        An existing bucket is used as it is (its history setting is kept).
+        """
+        js = self._nc.jetstream()
+        try:
+            try:
+                store = await js.key_value(bucket)
+            except nats.js.errors.BucketNotFoundError:
+                store = await js.create_key_value(
+                    KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE)
+                )
+                log.info("created key-value bucket %s (history %d)", bucket, history)
+        except nats.js.errors.InvalidBucketNameError:
+            raise ValueError(f"invalid key-value bucket name {bucket!r}") from None
+        except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
+            raise BusError(
+                f"key-value bucket {bucket}: JetStream is not enabled on {self.url} "
+                "(start nats-server with -js)"
+            ) from None
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"key-value bucket {bucket}: {_one_line(e)}") from None
+        return KV(self, bucket, store)
+
+    # --- shutdown ---------------------------------------------------------------------
+
+    async def drain(self) -> None:
+        """Finish: handle what subscriptions already received, flush publishes, close."""
+        self._closing = True
+        await self._stop_watches()
+        self._report_pending()
+        if self._nc.is_closed:
+            return
+        try:
+            await self._nc.drain()
+        except nats.errors.Error as e:
+            log.debug("drain of %s: %r; closing instead", self.name, e)
+            await _close_quietly(self._nc)
+
+    async def close(self) -> None:
+        """Close at once (pending publishes are flushed if connected, subscriptions dropped)."""
+        self._closing = True
+        await self._stop_watches()
+        self._report_pending()
+        await _close_quietly(self._nc)
+
+    async def _stop_watches(self) -> None:
+        for watch in list(self._kv_watches):
+            await watch.stop()
+
+    def _report_pending(self) -> None:
+        for key, count in self._limiter.flush().items():
+            if isinstance(key, tuple) and key[0] == "drop":
+                log.warning("dropped %d more undecodable message(s) on %s", count, key[1])
+            elif isinstance(key, tuple) and key[0] == "handler":
+                log.error("handler for %s failed %d more time(s)", key[1], count)
+
+    async def __aenter__(self) -> Bus:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.drain()
+
+
+class KV:
+    """A JetStream key-value bucket: bytes values, revisions, deletes, watches."""
+
+    def __init__(self, bus: Bus, bucket: str, store: Any) -> None:
+        self.bus = bus
+        self.bucket = bucket
+        self._store = store
+
+    async def get(self, key: str) -> bytes | None:
+        """The value of `key`, None if it was never set or is deleted."""
+        entry = await self.get_entry(key)
+        return entry.value if entry is not None else None
+
+    async def get_entry(self, key: str) -> KVEntry | None:
+        """The latest entry of `key` (value and revision), None if absent or deleted."""
+        try:
+            e = await self._store.get(key)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        except nats.js.errors.InvalidKeyError:
+            raise ValueError(f"invalid key-value key {key!r}") from None
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"kv {self.bucket}: get {key!r} failed: {_one_line(e)}") from None
+        return KVEntry(key=key, value=e.value, revision=e.revision)
+
+    async def put(self, key: str, value: bytes) -> int:
+        """Store `value` under `key`; returns the new revision."""
+        try:
+            return await self._store.put(key, bytes(value))
+        except nats.js.errors.InvalidKeyError:
+            raise ValueError(f"invalid key-value key {key!r}") from None
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"kv {self.bucket}: put {key!r} failed: {_one_line(e)}") from None
+
+    async def delete(self, key: str) -> None:
+        """Delete `key` (a delete marker; watchers see an entry with value None)."""
+        try:
+            await self._store.delete(key)
+        except nats.js.errors.InvalidKeyError:
+            raise ValueError(f"invalid key-value key {key!r}") from None
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"kv {self.bucket}: delete {key!r} failed: {_one_line(e)}") from None
+
+    async def keys(self) -> list[str]:
+        """Every key with a value (deleted keys left out); [] for an empty bucket."""
+        try:
+            return sorted(await self._store.keys())
+        except nats.js.errors.NoKeysError:
+            return []
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"kv {self.bucket}: keys failed: {_one_line(e)}") from None
+
+    async def items(self) -> dict[str, bytes]:
+        """Every key with its value (what a manager loads at start)."""
+        out: dict[str, bytes] = {}
+        for key in await self.keys():
+            value = await self.get(key)
+            if value is not None:
+                out[key] = value
+        return out
+
+    async def watch(self, callback: KVCallback, *, keys: str = ">") -> KVWatch:
+        """Call `callback(entry)` for the current value of every matching key, then for each change.
+
+        `watch.ready` is set once the current values have been delivered.
+        Callback errors are logged (one line) and the watch goes on.
+        """
+        try:
+            watcher = await self._store.watch(keys)
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"kv {self.bucket}: watch failed: {_one_line(e)}") from None
+        watch = KVWatch(self, watcher, callback)
+        self.bus._kv_watches.add(watch)
+        return watch
+
+
+class KVWatch:
+    """A running key-value watch; `await watch.stop()` ends it."""
+
+    def __init__(self, kv: KV, watcher: Any, callback: KVCallback) -> None:
+        self.kv = kv
+        self.ready = asyncio.Event()
+        self.delivered = 0
+        self.failed = 0
+        self._watcher = watcher
+        self._callback = callback
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"kv-watch-{kv.bucket}"
+        )
+
+    async def _run(self) -> None:
+        async for entry in self._watcher:
+            if entry is None:  # nats.py's marker: the current values have all been delivered
+                self.ready.set()
+                continue
+            deleted = entry.operation in ("DEL", "PURGE")
+            update = KVEntry(
+                key=entry.key, value=None if deleted else entry.value, revision=entry.revision
+            )
+            self.delivered += 1
+            log.debug(
+                "kv %s: %s %s rev %d",
+                self.kv.bucket,
+                "delete" if deleted else "put",
+                update.key,
+                update.revision,
+            )
+            try:
+                result = self._callback(update)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception as e:
+                self.failed += 1
+                log.error("kv %s watch callback failed on %r: %r", self.kv.bucket, update.key, e)
+
+    async def stop(self) -> None:
+        self.kv.bus._kv_watches.discard(self)
+        try:
+            await self._watcher.stop()
+        except Exception as e:  # already closed connection, server gone: nothing to undo
+            log.debug("kv %s: watch stop: %r", self.kv.bucket, e)
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+
+
+_CONNECTION_LOST = (OSError, nats.errors.UnexpectedEOF, nats.errors.StaleConnectionError)
+
+
+async def _close_quietly(nc: _NatsClient) -> None:
+    if nc.is_closed:
+        return
+    try:
+        await nc.close()
+    except Exception as e:
+        log.debug("closing NATS connection: %r", e)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    if type(e).__name__ not in text:
+        text = f"{type(e).__name__}: {text}"
+    return " ".join(text.split())[:300]
+
+
+__all__ = [
+    "Bus",
+    "BusError",
+    "Incoming",
+    "KV",
+    "KVEntry",
+    "KVWatch",
+    "NoResponders",
+    "RequestTimeout",
+    "Subscription",
+]
