@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/dqoes experiment compare paper-cluster-40 --policies dqoes,default,oracle --seed 1
+	$(BIN)/dqoes up --twin --scenario paper-cluster-40 --seed 1 --time-scale 25
 
 lint: setup
 	$(BIN)/lint-imports

@@ -10,6 +10,7 @@ import orjson
 
 SUITES = {
     "core": "bench.bench_core",
+    "live": "bench.bench_live",
 }
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.cli import experiment
+from services.cli import experiment, live
 from shared.sim.scenario import ScenarioError
 
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     experiment.add_parser(sub)
+    live.add_parsers(sub)
     return parser
 
 

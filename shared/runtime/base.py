@@ -86,4 +86,6 @@ class Runtime(Protocol):
         """Start/stop events of managed containers, as they happen."""
 
     async def close(self) -> None:
-        """Release connections; never stops or changes containers."""
+        """Release connections; never stops or changes containers it did not start.
+
+        (The cgroup runtime starts its processes itself and ends them here.)"""

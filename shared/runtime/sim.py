@@ -44,7 +44,10 @@ class SimRuntime:
         time_scale: float = 1.0,
         on_batch: Callable[[BatchDone], Any] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        start_at: float | None = None,
     ) -> None:
+        """`start_at`: the wall time (on `clock`) at which scenario time 0 falls, so
+        several workers share one scenario clock; default: when `start()` runs."""
         if not (math.isfinite(time_scale) and time_scale > 0):
             raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
         try:
@@ -59,7 +62,7 @@ class SimRuntime:
         self.time_scale = time_scale
         self.on_batch = on_batch
         self._clock = clock
-        self._t0: float | None = None
+        self._t0: float | None = start_at
         self._sim = SimNode(node, spec.cores)
         placement = place(scenario)
         self._specs = {c.name: c for c in scenario.containers if placement[c.name] == node}
@@ -77,6 +80,7 @@ class SimRuntime:
     # -- clock ----------------------------------------------------------------
 
     def now_s(self) -> float:
+        """Scenario seconds; negative before the shared start."""
         if self._t0 is None:
             return 0.0
         return (self._clock() - self._t0) * self.time_scale
@@ -90,7 +94,8 @@ class SimRuntime:
     async def start(self) -> None:
         if self._task is not None:
             return
-        self._t0 = self._clock()
+        if self._t0 is None:
+            self._t0 = self._clock()
         self._task = asyncio.create_task(self._run(), name=f"sim-runtime-{self.node}")
 
     async def containers(self) -> list[RuntimeContainer]:

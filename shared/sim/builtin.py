@@ -109,6 +109,16 @@ def cluster_40(seed: int | None = None) -> Scenario:
     )
 
 
+def cluster(nodes: int, seed: int | None = None, per_node: int = 10) -> Scenario:
+    """A random cluster like paper-cluster-40 with any number of paper nodes."""
+    return _random(
+        f"cluster-{nodes}x{per_node}",
+        f"{nodes * per_node} mixed models on {nodes} workers, random objectives and submissions in [0, 300 s]",
+        nodes * per_node, list(PAPER_MIXED_MODELS), [_node(f"worker-{i}") for i in range(1, nodes + 1)], seed,
+        (0.0, 300.0), None, 1500,
+    )
+
+
 BUILTINS: dict[str, Callable[[int | None], Scenario]] = {
     "paper-identical-unachievable": identical_unachievable,
     "paper-identical-achievable": identical_achievable,

@@ -197,7 +197,7 @@ def parse_scenario(
     _check_keys(
         data,
         {"name", "description", "duration_s", "noise_sigma", "seed", "controller", "nodes", "models",
-         "containers", "generate"},
+         "containers", "generate", "objective_rule"},
         "",
     )
     name = _str(data.get("name", default_name), "name")
@@ -240,7 +240,7 @@ def parse_scenario(
             raise ScenarioError(f"containers[{i}]: must be a table")
         containers.append(_parse_container(c, f"containers[{i}].", profiles, nodes, duration))
 
-    rule_text = ""
+    rule_text = str(data.get("objective_rule", ""))
     if "generate" in data:
         gen = data["generate"]
         if not isinstance(gen, Mapping):
@@ -399,3 +399,41 @@ def load_scenario_file(path: str | Path, seed: int | None = None) -> Scenario:
 
 def with_seed(s: Scenario, seed: int) -> Scenario:
     return replace(s, seed=seed)
+
+
+def scenario_to_dict(s: Scenario) -> dict[str, Any]:
+    """The file form of a scenario (parse_scenario reads it back to an equal Scenario).
+
+    Generated containers are written out one by one, so the file describes
+    the run exactly, whatever the seed it is loaded with.
+    """
+    p = s.controller
+    out: dict[str, Any] = {
+        "name": s.name,
+        "description": s.description,
+        "duration_s": s.duration_s,
+        "noise_sigma": s.noise_sigma,
+        "controller": {"alpha": p.alpha, "beta": p.beta, "initial_interval_s": p.initial_interval_s,
+                       "max_interval_s": p.max_interval_s, "total_resource": p.total_resource,
+                       "on_drop": p.on_drop},
+        "nodes": [{"name": n.name, "cores": n.cores} for n in s.nodes],
+        "models": [
+            {"name": m.name, "work_cpu_s": m.work_cpu_s, "threads": m.threads, "overhead_s": m.overhead_s,
+             "efficiency": [list(pt) for pt in m.efficiency], "warmup_factor": m.warmup_factor,
+             "batch_images": m.batch_images, "resolution_px": m.resolution_px, "source": m.source}
+            for m in s.profiles.values()
+        ],
+        "containers": [],
+    }
+    if s.seed is not None:
+        out["seed"] = s.seed
+    if s.objective_rule:
+        out["objective_rule"] = s.objective_rule
+    for c in s.containers:
+        d: dict[str, Any] = {"name": c.name, "model": c.model, "submit_at_s": c.submit_at_s}
+        for k in ("objective_s", "node", "duration_s", "threads", "cpus", "alpha"):
+            v = getattr(c, k)
+            if v is not None:
+                d[k] = v
+        out["containers"].append(d)
+    return out

@@ -148,3 +148,15 @@ def test_every_command_has_help():
                  ["experiment", "list", "--help"]):
         r = cli(*args)
         assert r.returncode == 0 and "usage:" in r.stdout
+
+
+def test_scenarios_round_trip_through_their_file_form(tmp_path):
+    from shared.sim.builtin import BUILTINS
+    from shared.sim.scenario import scenario_to_dict
+
+    for name, make in BUILTINS.items():
+        sc = make(3)
+        p = tmp_path / f"{name}.json"
+        p.write_text(json.dumps(scenario_to_dict(sc)))
+        back = load_scenario_file(p)
+        assert back == sc, name

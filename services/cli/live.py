@@ -1,0 +1,364 @@
+"""`dqoes up | status | target | watch`: run a deployment and talk to a running one.
+
+`dqoes up` starts a private nats-server (JetStream), the manager and one
+worker per node of a scenario, prints how to reach it and stops everything
+cleanly on Ctrl-C. The other commands speak the public contract only
+(`dqoes.targets`, `dqoes.cluster.*`), so they work against any deployment:
+`dqoes up`, compose or Swarm. The NATS URL comes from --nats, else
+$DQOES_NATS_URL, else the last `dqoes up` on this machine, else localhost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from services.cli.experiment import CliError, emit_json
+from services.cli.stack import Stack, StackSpec
+from shared import subjects
+from shared.bus import Bus, BusError, NoResponders, RequestTimeout
+from shared.schema import ClusterState, NodeState, SchemaError, TargetRequest, parse_target_reply
+from shared.settings import DEFAULT_NATS_URL
+from shared.sim.builtin import load
+from shared.sim.engine import plateau
+
+
+def state_dir() -> Path:
+    base = os.environ.get("DQOES_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "dqoes")
+    return Path(base)
+
+
+def resolve_url(flag_value: str | None) -> str:
+    if flag_value:
+        return flag_value
+    if os.environ.get("DQOES_NATS_URL"):
+        return os.environ["DQOES_NATS_URL"]
+    try:
+        info = orjson.loads((state_dir() / "up.json").read_bytes())
+        if info.get("pid") and _alive(int(info["pid"])):
+            return str(info["stacks"][0]["nats_url"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        pass
+    return DEFAULT_NATS_URL
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except OSError:
+        return False
+    return True
+
+
+async def connect(url: str, name: str) -> Bus:
+    try:
+        return await Bus.connect(url, name, connect_timeout_s=3.0)
+    except BusError as e:
+        raise CliError(f"{e} (is a deployment running? try `dqoes up`)") from None
+
+
+# -- observing a running stack -------------------------------------------------------
+
+
+@dataclass
+class Observed:
+    """What one stack's node states said over time (scenario seconds)."""
+
+    stack: Stack
+    series: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    latest: dict[str, NodeState] = field(default_factory=dict)
+
+    def on_state(self, ns: NodeState) -> None:
+        self.latest[ns.node] = ns
+        t = self.stack.scenario_time_s(ns.at)
+        self.series.setdefault(ns.node, []).append((t, ns.satisfied))
+
+    def satisfied_now(self) -> int:
+        return sum(s.satisfied for s in self.latest.values())
+
+    def summary(self, end_s: float, window_s: float = 120.0) -> dict[str, Any]:
+        """The simulator's measure: plateau (lower median) of |S| per node over the final window."""
+        start = max(0.0, end_s - min(window_s, end_s / 10))
+        per_node = {n.name: plateau(sorted(self.series.get(n.name, [])), start, end_s)
+                    for n in self.stack.spec.scenario.nodes}
+        return {"satisfied_final": sum(per_node.values()), "satisfied_per_node": per_node,
+                "final_window_s": end_s - start}
+
+
+async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, every_s: float = 5.0,
+                  stop: asyncio.Event | None = None) -> list[Observed]:
+    obs = [Observed(s) for s in stacks]
+    buses = []
+    for o in obs:
+        bus = await connect(o.stack.url, "dqoes-up")
+        await bus.subscribe(subjects.STATE_ALL, lambda m, _, o=o: o.on_state(m), expect=NodeState)
+        buses.append(bus)
+    stop = stop or asyncio.Event()
+    next_print = 0.0
+    try:
+        while not stop.is_set():
+            t = stacks[0].scenario_time_s()
+            dead = {k: v for s in stacks for k, v in s.dead().items()}
+            if dead:
+                raise CliError("service(s) exited: " + ", ".join(f"{k} (status {v})" for k, v in dead.items())
+                               + f"; logs in {stacks[0].run_dir}")
+            if until_s is not None and t >= until_s:
+                break
+            if not quiet and time.monotonic() >= next_print and t >= 0:
+                parts = []
+                for o in obs:
+                    per = "/".join(str(o.latest[n.name].satisfied) if n.name in o.latest else "-"
+                                   for n in o.stack.spec.scenario.nodes)
+                    parts.append(f"{o.stack.name}: {o.satisfied_now():>3} satisfied ({per})")
+                print(f"t = {t:7.0f} s   " + "   |   ".join(parts), flush=True)
+                next_print = time.monotonic() + every_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.25)
+    finally:
+        for b in buses:
+            await b.close()
+    return obs
+
+
+# -- commands -------------------------------------------------------------------------
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    scenario = load(args.scenario, args.seed)
+    if args.nodes is not None:
+        scenario = _with_nodes(scenario, args.nodes, args.seed)
+    policies = ["dqoes", "default"] if args.twin else [args.policy]
+    run_root = Path(args.run_dir) if args.run_dir else None
+    stacks = [
+        Stack(StackSpec(scenario, policy=p, seed=args.seed, time_scale=args.time_scale, label=p),
+              run_dir=(run_root / p) if run_root else None)
+        for p in policies
+    ]
+    stopped = False
+    try:
+        start_at = time.time() + 2.0 + 0.5 * len(stacks) * (len(scenario.nodes) + 1)
+        for s in stacks:  # one scenario clock for both stacks of a twin run
+            s.start(start_at)
+        _write_state(stacks)
+        if not args.json:
+            print(f"DQoES up: scenario {scenario.name} ({len(scenario.containers)} containers on "
+                  f"{len(scenario.nodes)} node(s)), seed {args.seed}, time x{args.time_scale:g}")
+            for s in stacks:
+                print(f"  {s.name:<8} NATS {s.url}   logs and JetStream data: {s.run_dir}")
+            u = stacks[0].url
+            print(f"  try:  dqoes status --nats {u}   |   dqoes target set {scenario.containers[0].name} 30 --nats {u}")
+            print("  Ctrl-C stops everything.", flush=True)
+        until = scenario.duration_s if args.duration is None else args.duration
+        until = None if args.forever else until
+        stop = asyncio.Event()
+
+        async def main() -> list[Observed]:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                with contextlib.suppress(NotImplementedError):
+                    loop.add_signal_handler(sig, stop.set)
+            return await observe(stacks, until, quiet=args.json, stop=stop)
+
+        obs = asyncio.run(main())
+        stopped = stop.is_set()
+        end = min(stacks[0].scenario_time_s(), until or stacks[0].scenario_time_s())
+        result = {"scenario": scenario.name, "seed": args.seed, "time_scale": args.time_scale,
+                  "containers": len(scenario.containers), "nodes": len(scenario.nodes),
+                  "scenario_time_s": round(end, 1), "interrupted": stopped,
+                  "policies": {o.stack.name: o.summary(end) for o in obs}}
+        if len(obs) == 2:
+            d, b = (result["policies"][p]["satisfied_final"] for p in ("dqoes", "default"))
+            result["ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
+        if args.json:
+            emit_json(result)
+        else:
+            print(f"final (plateau of the last {obs[0].summary(end)['final_window_s']:.0f} s of scenario time):")
+            for name, r in result["policies"].items():
+                per = "  ".join(f"{k}: {v}" for k, v in r["satisfied_per_node"].items())
+                print(f"  {name:<8} {r['satisfied_final']:>3} satisfied   ({per})")
+            if result.get("ratio_dqoes_to_default"):
+                print(f"  DQoES / default Swarm: {result['ratio_dqoes_to_default']}x")
+        return 0
+    finally:
+        for s in stacks:
+            s.stop()
+        with contextlib.suppress(OSError):
+            (state_dir() / "up.json").unlink()
+
+
+def _with_nodes(scenario: Any, nodes: int, seed: int) -> Any:
+    from shared.sim.builtin import cluster
+
+    if nodes < 1:
+        raise CliError("--nodes must be at least 1")
+    return cluster(nodes, seed)
+
+
+def _write_state(stacks: list[Stack]) -> None:
+    d = state_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "up.json").write_bytes(orjson.dumps({
+        "pid": os.getpid(), "started_at": time.time(),
+        "stacks": [{"name": s.name, "nats_url": s.url, "run_dir": str(s.run_dir)} for s in stacks],
+    }))
+
+
+async def _status(url: str) -> ClusterState:
+    bus = await connect(url, "dqoes-status")
+    try:
+        data = await bus.request(subjects.CLUSTER_QUERY, b"", timeout_s=3.0)
+    except (NoResponders, RequestTimeout):
+        raise CliError(f"no manager answers on {url} ({subjects.CLUSTER_QUERY})") from None
+    finally:
+        await bus.close()
+    try:
+        return ClusterState.from_json(data)
+    except SchemaError as e:
+        raise CliError(f"unreadable cluster state: {e}") from None
+
+
+def print_cluster(cs: ClusterState) -> None:
+    print(f"{'node':<14}{'policy':<9}{'satisfied':>10}{'G':>4}{'S':>4}{'B':>4}{'pend':>6}"
+          f"{'Q_G (s)':>10}{'Q_B (s)':>10}{'interval':>10}")
+    for name, n in cs.nodes.items():
+        print(f"{name:<14}{n.policy:<9}{n.satisfied:>10}{n.G:>4}{n.S:>4}{n.B:>4}{n.pending:>6}"
+              f"{n.q_g_s:>10.1f}{n.q_b_s:>10.1f}{n.interval_s:>9.0f}s")
+    print(f"{'total':<23}{cs.satisfied_total:>10}{cs.G:>4}{cs.S:>4}{cs.B:>4}{cs.pending:>6}"
+          f"{cs.q_g_s:>10.1f}{cs.q_b_s:>10.1f}   ({cs.containers_total} containers)")
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    cs = asyncio.run(_status(resolve_url(args.nats)))
+    if args.json:
+        emit_json(orjson.loads(cs.to_json()))
+    else:
+        print_cluster(cs)
+    return 0
+
+
+def cmd_target_set(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"container": args.container, "objective": args.seconds}
+    if args.alpha is not None:
+        body["alpha"] = args.alpha
+    try:  # the same checks the manager makes, before anything is sent
+        TargetRequest(container=args.container, objective_s=args.seconds, alpha=args.alpha)
+    except SchemaError as e:
+        raise CliError(str(e)) from None
+
+    async def go() -> dict[str, Any]:
+        bus = await connect(resolve_url(args.nats), "dqoes-target")
+        try:
+            data = await bus.request(subjects.TARGETS, orjson.dumps(body), timeout_s=3.0)
+        except (NoResponders, RequestTimeout):
+            raise CliError(f"no manager answers on {subjects.TARGETS}") from None
+        finally:
+            await bus.close()
+        try:
+            return parse_target_reply(data)
+        except SchemaError as e:
+            raise CliError(str(e)) from None
+
+    reply = asyncio.run(go())
+    if args.json:
+        emit_json(reply)
+    elif reply["ok"]:
+        where = reply.get("node") or "no node yet"
+        state = "running" if reply.get("running") else "expected"
+        print(f"objective for {reply['container']}: {reply['objective_s']:g} s a batch "
+              f"({state} on {where}, revision {reply.get('revision')})")
+    else:
+        print(f"refused: {reply['error']}", file=sys.stderr)
+    return 0 if reply["ok"] else 1
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    async def go() -> None:
+        bus = await connect(resolve_url(args.nats), "dqoes-watch")
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        last = [0.0]
+
+        def on_cluster(inc: Any) -> None:
+            if inc.reply or not inc.data:
+                return
+            try:
+                cs = ClusterState.from_json(inc.data)
+            except SchemaError:
+                return
+            if time.monotonic() - last[0] < args.every:
+                return
+            last[0] = time.monotonic()
+            if args.json:
+                emit_json(orjson.loads(cs.to_json()))
+            else:
+                per = "  ".join(f"{k}: {v.satisfied}/{v.containers}" for k, v in cs.nodes.items())
+                print(f"{time.strftime('%H:%M:%S')}  satisfied {cs.satisfied_total:>3} of {cs.containers_total:<3} "
+                      f"G {cs.G:<3} S {cs.S:<3} B {cs.B:<3}  {per}", flush=True)
+
+        await bus.subscribe_raw(subjects.CLUSTER_STATE, on_cluster)
+        try:
+            if args.count:
+                t_end = time.monotonic() + args.count * max(args.every, 0.5) + 5
+                while not stop.is_set() and time.monotonic() < t_end:
+                    await asyncio.sleep(0.1)
+            else:
+                await stop.wait()
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="run a whole deployment here (private NATS, manager, workers)",
+                       description="Start a private nats-server with JetStream, the manager and one worker per "
+                       "node of a scenario (simulated containers publishing over real NATS). Ctrl-C stops all.")
+    p.add_argument("--scenario", default="paper-cluster-40", help="built-in name or file (default: paper-cluster-40)")
+    p.add_argument("--nodes", type=int, help="instead: a random cluster of N nodes, 10 containers each")
+    p.add_argument("--policy", choices=("dqoes", "default", "oracle"), default="dqoes")
+    p.add_argument("--twin", action="store_true", help="DQoES and default Swarm side by side, same workload and seed")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--time-scale", type=float, default=10.0, help="scenario seconds per wall second (default 10)")
+    p.add_argument("--duration", type=float, help="stop after this many scenario seconds (default: the scenario's)")
+    p.add_argument("--forever", action="store_true", help="keep running until Ctrl-C")
+    p.add_argument("--run-dir", help="where logs, the scenario and JetStream data go (default: a temp dir)")
+    p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")
+    p.set_defaults(func=cmd_up)
+
+    p = sub.add_parser("status", help="the cluster summary (satisfied per node, G/S/B, Q values)")
+    p.add_argument("--nats", help="NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)")
+    p.add_argument("--json", action="store_true", help="print the cluster state JSON")
+    p.set_defaults(func=cmd_status)
+
+    t = sub.add_parser("target", help="set a container's objective").add_subparsers(dest="action", required=True,
+                                                                                   metavar="ACTION")
+    p = t.add_parser("set", help="set CONTAINER's objective to SECONDS per batch",
+                     description="Send {container, objective[, alpha]} to dqoes.targets and print the reply.")
+    p.add_argument("container")
+    p.add_argument("seconds", type=float)
+    p.add_argument("--alpha", type=float, help="this container's tolerance band (0 < alpha < 1)")
+    p.add_argument("--nats", help="NATS URL")
+    p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
+    p.set_defaults(func=cmd_target_set)
+
+    p = sub.add_parser("watch", help="follow the cluster summary live")
+    p.add_argument("--nats", help="NATS URL")
+    p.add_argument("--every", type=float, default=1.0, help="at most one line per N seconds")
+    p.add_argument("--count", type=int, default=0, help="stop after about N lines (0: until Ctrl-C)")
+    p.add_argument("--json", action="store_true", help="one cluster state JSON object per line")
+    p.set_defaults(func=cmd_watch)

@@ -1,0 +1,150 @@
+"""A whole DQoES deployment on one machine: a private nats-server, the manager, one worker per node.
+
+`dqoes up` and the integration tests use it. Each service runs as its own
+process (`python -m services.manager`, `python -m services.worker`), exactly
+as in a compose or Swarm deployment; only the launching differs. Every
+process logs to a file in the run directory, which also holds the scenario
+the workers run (written out container by container, so all workers and any
+later reader see the same workload).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.natsd import NatsServer
+from shared.sim.scenario import Scenario, scenario_to_dict
+
+
+@dataclass
+class StackSpec:
+    scenario: Scenario
+    policy: str = "dqoes"
+    seed: int = 1
+    time_scale: float = 10.0
+    start_delay_s: float = 3.0
+    """Wall seconds between launching the workers and scenario time 0."""
+    state_interval_s: float = 1.0
+    label: str = ""
+    extra_worker_args: list[str] = field(default_factory=list)
+
+
+class Stack:
+    """Start with `start()`, stop with `stop()` (or use as a context manager)."""
+
+    def __init__(self, spec: StackSpec, run_dir: str | Path | None = None, nats_url: str | None = None) -> None:
+        self.spec = spec
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="dqoes-up-"))
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._external_url = nats_url
+        self.nats: NatsServer | None = None
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.start_at: float | None = None
+
+    @property
+    def url(self) -> str:
+        if self._external_url:
+            return self._external_url
+        assert self.nats is not None
+        return self.nats.url
+
+    @property
+    def name(self) -> str:
+        return self.spec.label or self.spec.policy
+
+    def log_path(self, proc: str) -> Path:
+        return self.run_dir / f"{proc}.log"
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        log = self.log_path(name).open("ab")
+        self.procs[name] = subprocess.Popen(
+            [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=self._env(),
+            start_new_session=True,
+        )
+        log.close()
+
+    def start_nats(self) -> None:
+        if self._external_url is None and self.nats is None:
+            self.nats = NatsServer(jetstream=True, store_dir=str(self.run_dir / "jetstream"),
+                                   log_path=str(self.run_dir / "nats-server.out"))
+            self.nats.start()
+
+    def start(self, start_at: float | None = None) -> Stack:
+        """Start everything; scenario time 0 falls at `start_at` (unix time; default: soon)."""
+        s = self.spec
+        scenario_file = self.run_dir / "scenario.json"
+        scenario_file.write_text(json.dumps(scenario_to_dict(s.scenario), indent=1))
+        self.start_nats()
+        self.start_manager()
+        self.start_at = start_at if start_at is not None else time.time() + s.start_delay_s
+        for n in s.scenario.nodes:
+            self.start_worker(n.name, scenario_file)
+        return self
+
+    def start_manager(self) -> None:
+        self._spawn("manager", ["-m", "services.manager", "--nats", self.url, "--cluster-interval", "0.5"])
+
+    def start_worker(self, node: str, scenario_file: Path | None = None) -> None:
+        s = self.spec
+        scenario_file = scenario_file or self.run_dir / "scenario.json"
+        self._spawn(f"worker-{node}", [
+            "-m", "services.worker", "--nats", self.url, "--node", node, "--policy", s.policy,
+            "--runtime", "sim", "--scenario", str(scenario_file), "--seed", str(s.seed),
+            "--time-scale", str(s.time_scale), "--start-at", repr(self.start_at),
+            "--state-interval", str(s.state_interval_s), *s.extra_worker_args,
+        ])
+
+    def scenario_time_s(self, wall: float | None = None) -> float:
+        """Scenario seconds at a wall time (now by default); negative before the start."""
+        if self.start_at is None:
+            return 0.0
+        return ((time.time() if wall is None else wall) - self.start_at) * self.spec.time_scale
+
+    def dead(self) -> dict[str, int]:
+        """Processes that have exited, with their exit status."""
+        return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+
+    def stop_process(self, name: str, timeout_s: float = 5.0) -> int | None:
+        p = self.procs.pop(name, None)
+        if p is None:
+            return None
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        return p.returncode
+
+    def stop(self) -> None:
+        workers = [n for n in self.procs if n.startswith("worker-")]
+        for n in workers + [n for n in self.procs if n not in workers]:
+            self.stop_process(n)
+        if self.nats is not None:
+            self.nats.stop()
+            self.nats = None
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.run_dir.glob("*.log")))
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

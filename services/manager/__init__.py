@@ -1,0 +1,1 @@
+"""The manager: DQoES's QoE Analyst (objectives in, cluster view out)."""

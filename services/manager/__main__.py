@@ -1,0 +1,39 @@
+"""`python -m services.manager`: flags (each also an environment variable), then run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from services.manager.app import ManagerConfig, run
+from shared import subjects
+from shared.settings import add_common, flag, setup_logging
+
+
+def parse(argv: list[str] | None = None) -> ManagerConfig:
+    ap = argparse.ArgumentParser(
+        prog="python -m services.manager",
+        description="DQoES manager (QoE Analyst): accepts objectives on dqoes.targets, keeps them in "
+        "JetStream, hands them to workers and publishes the cluster summary on dqoes.cluster.state.",
+    )
+    add_common(ap)
+    flag(ap, "--bucket", "DQOES_BUCKET", subjects.KV_OBJECTIVES, help="JetStream key-value bucket for objectives")
+    flag(ap, "--cluster-interval", "DQOES_CLUSTER_INTERVAL_S", 1.0, type=float, help="publish the cluster summary every N s")
+    flag(ap, "--stale-after", "DQOES_STALE_AFTER_S", 15.0, type=float, help="forget a node silent for N s")
+    a = ap.parse_args(argv)
+    return ManagerConfig(nats_url=a.nats, bucket=a.bucket, cluster_interval_s=a.cluster_interval,
+                         stale_after_s=a.stale_after, log_level=a.log_level, log_format=a.log_format)
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(argv)
+    setup_logging(cfg.log_level, cfg.log_format, "manager")
+    try:
+        return asyncio.run(run(cfg))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Wiring for the manager: bus, key-value store, subscriptions and the publishing loop."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from dataclasses import dataclass
+
+from services.manager.logic import Manager
+from shared import subjects
+from shared.bus import KV, Bus, BusError, Incoming
+from shared.schema import NodeState
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerConfig:
+    nats_url: str = "nats://127.0.0.1:4222"
+    bucket: str = subjects.KV_OBJECTIVES
+    cluster_interval_s: float = 1.0
+    stale_after_s: float = 15.0
+    log_level: str = "info"
+    log_format: str = "text"
+
+
+class KVStore:
+    """The objectives bucket as the manager's Store: values with their revisions."""
+
+    def __init__(self, kv: KV) -> None:
+        self.kv = kv
+
+    async def items(self) -> dict[str, tuple[int, bytes]]:
+        out = {}
+        for key in await self.kv.keys():
+            e = await self.kv.get_entry(key)
+            if e is not None and e.value is not None:
+                out[key] = (e.revision, e.value)
+        return out
+
+    async def put(self, key: str, value: bytes) -> int:
+        return await self.kv.put(key, value)
+
+
+async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> int:
+    try:
+        bus = await Bus.connect(cfg.nats_url, "manager")
+    except BusError as e:
+        log.error("%s", e)
+        return 1
+    try:
+        kv = await bus.kv(cfg.bucket)
+    except BusError as e:
+        log.error("objectives cannot be stored (is JetStream enabled on the NATS server?): %s", e)
+        await bus.close()
+        return 1
+    mgr = Manager(KVStore(kv), bus.publish, stale_after_s=cfg.stale_after_s)
+    await mgr.load()
+    changed = asyncio.Event()
+
+    async def on_state(ns: NodeState, _: Incoming) -> None:
+        await mgr.on_node_state(ns)
+        changed.set()
+
+    async def on_target(inc: Incoming) -> None:
+        reply = await mgr.on_target(inc.data)
+        await bus.reply(inc, reply)
+
+    async def on_query(inc: Incoming) -> None:
+        # Requests on the published subject are answered too; plain publishes
+        # there (our own, or anyone's) carry no reply subject and are ignored.
+        if inc.reply:
+            await bus.reply(inc, mgr.cluster_state().to_json())
+
+    await bus.subscribe(subjects.STATE_ALL, on_state, expect=NodeState)
+    await bus.subscribe_raw(subjects.TARGETS, on_target)
+    await bus.subscribe_raw(subjects.CLUSTER_QUERY, on_query)
+    await bus.subscribe_raw(subjects.CLUSTER_STATE, on_query)
+    log.info("manager on %s: %d objective(s) stored in bucket %s", cfg.nats_url, len(mgr.objectives), cfg.bucket)
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    if started is not None:
+        started.set()
+    try:
+        while not stop.is_set():
+            await bus.publish_raw(subjects.CLUSTER_STATE, mgr.cluster_state().to_json())
+            changed.clear()
+            waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(asyncio.sleep(cfg.cluster_interval_s))]
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            for w in waiters:
+                w.cancel()
+    finally:
+        await bus.drain()
+        log.info("manager stopped (%d accepted, %d rejected targets)", mgr.accepted, mgr.rejected)
+    return 0

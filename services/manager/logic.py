@@ -1,0 +1,193 @@
+"""The manager's logic: DQoES's QoE Analyst.
+
+It accepts objectives from clients (the public `dqoes.targets`), keeps them
+durable (a JetStream key-value bucket, so they survive a restart of the
+manager or of NATS), hands each to the worker hosting the container — also
+when the container appears later — and adds the workers' node states up into
+the cluster-wide view. Bad input never changes a stored objective: a target is
+validated, stored, and only then handed over or acknowledged.
+
+Storage and publishing are given as small async functions, so the logic can be
+driven in tests by a real NATS server or anything that behaves the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import orjson
+
+from shared import subjects
+from shared.schema import (
+    ClusterState,
+    NodeState,
+    ObjectiveAssign,
+    SchemaError,
+    TargetRequest,
+    aggregate,
+    parse_target,
+    target_reply_error,
+    target_reply_ok,
+)
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[str, ObjectiveAssign], Awaitable[None]]
+
+
+class Store(Protocol):
+    """Where objectives live: the key-value bucket (see `services.manager.app`)."""
+
+    async def items(self) -> dict[str, tuple[int, bytes]]:
+        """Every key with its (revision, value)."""
+
+    async def put(self, key: str, value: bytes) -> int:
+        """Store a value; its new revision."""
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    container: str
+    objective_s: float
+    alpha: float | None
+    revision: int
+    set_at: float
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({"container": self.container, "objective_s": self.objective_s,
+                             "alpha": self.alpha, "set_at": self.set_at})
+
+    @classmethod
+    def from_json(cls, data: bytes, revision: int) -> Objective:
+        obj = orjson.loads(data)
+        t = TargetRequest(container=obj["container"], objective_s=obj["objective_s"], alpha=obj.get("alpha"))
+        return cls(t.container, t.objective_s, t.alpha, revision, float(obj.get("set_at", 0.0)))
+
+
+class TargetRejected(Exception):
+    """A target request that changes nothing; the message is the reply's error."""
+
+
+class Manager:
+    """Objectives, where containers are, and the cluster summary."""
+
+    def __init__(
+        self,
+        store: Store,
+        send: Send,
+        *,
+        stale_after_s: float = 15.0,
+        resend_after_s: float = 5.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.send = send
+        self.stale_after_s = stale_after_s
+        self.resend_after_s = resend_after_s
+        self.wall = wall
+        self.objectives: dict[str, Objective] = {}
+        self.states: dict[str, NodeState] = {}
+        self.received_at: dict[str, float] = {}
+        self._sent: dict[str, tuple[str, int, float]] = {}
+        self.accepted = 0
+        self.rejected = 0
+
+    async def load(self) -> int:
+        """Read every stored objective (at start). Returns how many."""
+        for key, (rev, data) in (await self.store.items()).items():
+            try:
+                o = Objective.from_json(data, rev)
+            except (ValueError, KeyError, SchemaError, TypeError) as e:
+                log.warning("stored objective %s is unreadable and was skipped: %s", key, e)
+                continue
+            self.objectives[o.container] = o
+        log.info("loaded %d stored objective(s)", len(self.objectives))
+        return len(self.objectives)
+
+    # -- where containers are -------------------------------------------------
+
+    def live_states(self) -> list[NodeState]:
+        now = self.wall()
+        return [s for n, s in self.states.items() if now - self.received_at[n] <= self.stale_after_s]
+
+    def locate(self, container: str) -> tuple[str | None, bool]:
+        """(node hosting it, running?) — node None if no live worker knows it."""
+        expected_on = None
+        for s in self.live_states():
+            if any(c.container == container for c in s.containers):
+                return s.node, True
+            if container in s.expected:
+                expected_on = s.node
+        return expected_on, False
+
+    async def on_node_state(self, ns: NodeState) -> None:
+        self.states[ns.node] = ns
+        self.received_at[ns.node] = self.wall()
+        now = self.wall()
+        for c in ns.containers:
+            o = self.objectives.get(c.container)
+            if o is None:
+                continue
+            if c.objective_s == o.objective_s and c.alpha == o.alpha:
+                self._sent[c.container] = (ns.node, o.revision, now)
+                continue
+            sent = self._sent.get(c.container)
+            if sent is not None and sent[:2] == (ns.node, o.revision) and now - sent[2] < self.resend_after_s:
+                continue  # just handed over; the worker will report it next time
+            await self._hand(o, ns.node)
+
+    async def _hand(self, o: Objective, node: str) -> None:
+        self._sent[o.container] = (node, o.revision, self.wall())
+        await self.send(subjects.objectives(node),
+                        ObjectiveAssign(container=o.container, objective_s=o.objective_s, alpha=o.alpha,
+                                        revision=o.revision))
+        log.info("objective %g s for %s handed to %s", o.objective_s, o.container, node)
+
+    # -- targets ----------------------------------------------------------------
+
+    async def on_target(self, payload: bytes) -> bytes:
+        """Handle one public target request; the JSON reply (also when nobody asked for one)."""
+        try:
+            o, node, running = await self.set_target(payload)
+        except TargetRejected as e:
+            self.rejected += 1
+            log.info("target rejected: %s", e)
+            return target_reply_error(str(e))
+        self.accepted += 1
+        return target_reply_ok(container=o.container, objective_s=o.objective_s, alpha=o.alpha,
+                               node=node, running=running, revision=o.revision)
+
+    async def set_target(self, payload: bytes) -> tuple[Objective, str | None, bool]:
+        try:
+            t = parse_target(payload)
+        except SchemaError as e:
+            raise TargetRejected(str(e)) from None
+        try:
+            key = subjects.kv_key(t.container)
+        except ValueError as e:
+            raise TargetRejected(str(e)) from None
+        node, running = self.locate(t.container)
+        if node is None and t.container not in self.objectives:
+            raise TargetRejected(
+                f"unknown container {t.container!r}: not running on any node and not expected by any worker"
+            )
+        o = Objective(t.container, t.objective_s, t.alpha, 0, self.wall())
+        try:
+            rev = await self.store.put(key, o.to_json())
+        except Exception as e:  # durability first: not stored, not accepted
+            raise TargetRejected(f"could not store the objective: {e}") from None
+        o = Objective(o.container, o.objective_s, o.alpha, rev, o.set_at)
+        self.objectives[o.container] = o
+        if node is not None:
+            await self._hand(o, node)
+        log.info("objective %g s for %s stored (revision %d)", o.objective_s, o.container, rev)
+        return o, node, running
+
+    # -- the cluster view -------------------------------------------------------
+
+    def cluster_state(self) -> ClusterState:
+        return aggregate(self.live_states(), self.wall())

@@ -1,0 +1,1 @@
+"""The worker controller: one per node; decides and applies CPU limits (DQoES's Executor)."""

@@ -1,0 +1,60 @@
+"""`python -m services.worker`: flags (each also an environment variable), then run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import sys
+
+from services.worker.app import WorkerConfig, run
+from shared.settings import add_common, flag, setup_logging
+
+
+def parse(argv: list[str] | None = None) -> WorkerConfig:
+    ap = argparse.ArgumentParser(
+        prog="python -m services.worker",
+        description="DQoES worker controller for one node: subscribes to its containers' batch "
+        "latencies, runs the control rounds, applies CPU limits and publishes decisions and state.",
+    )
+    add_common(ap)
+    flag(ap, "--node", "DQOES_NODE", socket.gethostname(), help="this node's name")
+    flag(ap, "--policy", "DQOES_POLICY", "dqoes", help="allocation policy", choices=("dqoes", "default", "oracle"))
+    flag(ap, "--runtime", "DQOES_RUNTIME", "sim", help="where containers run", choices=("sim", "docker", "cgroup"))
+    flag(ap, "--scenario", "DQOES_SCENARIO", None, help="sim runtime: built-in scenario or file")
+    flag(ap, "--seed", "DQOES_SEED", 1, type=int, help="sim runtime: random seed")
+    flag(ap, "--time-scale", "DQOES_TIME_SCALE", 1.0, type=float, help="sim runtime: scenario seconds per wall second")
+    flag(ap, "--start-at", "DQOES_START_AT", None, type=float, help="sim runtime: unix time of scenario time 0")
+    flag(ap, "--cores", "DQOES_CORES", None, type=float, help="docker/cgroup: the node's cores (default: all)")
+    flag(ap, "--alpha", "DQOES_ALPHA", None, type=float, help="tolerance band (default 0.10 or the scenario's)")
+    flag(ap, "--beta", "DQOES_BETA", None, type=float, help="step size (default 0.10 or the scenario's)")
+    flag(ap, "--interval", "DQOES_INTERVAL_S", None, type=float, help="initial control interval, s")
+    flag(ap, "--state-interval", "DQOES_STATE_INTERVAL_S", 2.0, type=float, help="publish node state every N wall seconds")
+    flag(ap, "--cgroup-root", "DQOES_CGROUP_ROOT", "/sys/fs/cgroup", help="docker/cgroup: the cgroup filesystem")
+    flag(ap, "--docker-url", "DQOES_DOCKER_URL", None, help="docker: engine URL (default: the environment's)")
+    a = ap.parse_args(argv)
+    if a.runtime == "sim" and not a.scenario:
+        ap.error("--runtime sim needs --scenario (a built-in name or a file)")
+    if a.policy == "oracle" and a.runtime != "sim":
+        ap.error("--policy oracle needs every container's latency curve: only with --runtime sim")
+    if a.time_scale <= 0:
+        ap.error("--time-scale must be > 0")
+    return WorkerConfig(
+        nats_url=a.nats, node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
+        seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
+        initial_interval_s=a.interval, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
+        docker_url=a.docker_url, log_level=a.log_level, log_format=a.log_format,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    cfg = parse(argv)
+    setup_logging(cfg.log_level, cfg.log_format, f"worker[{cfg.node}]")
+    try:
+        return asyncio.run(run(cfg))
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

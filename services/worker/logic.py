@@ -1,0 +1,268 @@
+"""The worker's logic: events in (latencies, objectives, container start/stop), rounds out.
+
+The control itself is `shared.core.controller.NodeController`; this module only
+turns bus messages and runtime events into controller calls, applies the
+limits a round decides through the runtime, and says what happened (a
+decision per round, the node's state periodically). It never imports NATS or
+Docker: publishing is a function it is given, the runtime an interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
+
+from shared import subjects
+from shared.core.controller import NodeController
+from shared.core.dqoes import DQoESPolicy
+from shared.core.types import Cls, Decision
+from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure
+from shared.schema import (
+    ContainerState,
+    ControlMsg,
+    DecisionMsg,
+    LatencyEvent,
+    Message,
+    NodeState,
+    ObjectiveAssign,
+)
+
+log = logging.getLogger(__name__)
+
+Publish = Callable[[str, Message], Awaitable[None]]
+
+
+class Worker:
+    """One node's controller, wired to a runtime and a publish function."""
+
+    def __init__(
+        self,
+        node: str,
+        runtime: Runtime,
+        controller: NodeController,
+        publish: Publish,
+        *,
+        state_interval_s: float = 2.0,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.node = node
+        self.runtime = runtime
+        self.ctrl = controller
+        self.publish = publish
+        self.state_interval_s = state_interval_s
+        self.wall = wall
+        self.clock: Callable[[], float] = getattr(runtime, "now_s", time.monotonic)
+        self.time_scale: float = getattr(runtime, "time_scale", 1.0)
+        self.models: dict[str, str | None] = {}
+        self.assigned: dict[str, ObjectiveAssign] = {}
+        self.label_objectives: dict[str, tuple[float | None, float | None]] = {}
+        self.rounds = 0
+        self.latencies = 0
+        self.ignored_latencies = 0
+        self.wake = asyncio.Event()
+        self._next_state_wall = 0.0
+        self._stopping = False
+
+    # -- events ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.runtime.start()
+        for c in await self.runtime.containers():
+            self._add(c)
+        self.wake.set()
+
+    def on_latency(self, msg: LatencyEvent) -> None:
+        self.latencies += 1
+        if msg.node != self.node or not self.ctrl.record_latency(msg.container, msg.latency_s, self.clock()):
+            self.ignored_latencies += 1
+            return
+        if msg.model and not self.models.get(msg.container):
+            self.models[msg.container] = msg.model
+        if self.ctrl.due(self.clock()):
+            self.wake.set()
+
+    def on_objective(self, msg: ObjectiveAssign) -> None:
+        prev = self.assigned.get(msg.container)
+        if prev is not None and msg.revision < prev.revision:
+            log.debug("ignoring stale objective for %s (revision %d < %d)", msg.container, msg.revision, prev.revision)
+            return
+        self.assigned[msg.container] = msg
+        if msg.container in self.ctrl.containers:
+            self._set_objective(msg.container, msg.objective_s, msg.alpha)
+
+    def on_control(self, msg: ControlMsg) -> None:
+        policy = self.ctrl.policy
+        if not isinstance(policy, DQoESPolicy):
+            log.info("control message ignored: policy %s has no parameters to change", policy.name)
+            return
+        changes = {k: v for k, v in (("alpha", msg.alpha), ("beta", msg.beta),
+                                     ("initial_interval_s", msg.initial_interval_s),
+                                     ("max_interval_s", msg.max_interval_s)) if v is not None}
+        try:
+            params = replace(policy.params, **changes)
+        except ValueError as e:
+            log.warning("control message refused: %s", e)
+            return
+        policy.set_params(params)
+        self.ctrl.next_round_at_s = self.clock()
+        log.info("parameters now %s", params)
+        self.wake.set()
+
+    def on_runtime_event(self, ev: RuntimeEvent) -> None:
+        if ev.kind == "started":
+            self._add(ev.container)
+        else:
+            if self.ctrl.remove(ev.container.name, self.clock()):
+                log.info("container %s left; its CPU is released", ev.container.name)
+        self.wake.set()
+
+    def _add(self, c: RuntimeContainer) -> None:
+        if c.name in self.ctrl.containers:
+            return
+        if c.label_error:
+            log.warning("container %s: %s (objective label ignored)", c.name, c.label_error)
+        self.models[c.name] = c.model
+        self.label_objectives[c.name] = (c.objective_s, c.alpha)
+        self.ctrl.add(c.name, self.clock(), limit=_fraction(c.limit))
+        a = self.assigned.get(c.name)
+        objective, alpha = (a.objective_s, a.alpha) if a is not None else (c.objective_s, c.alpha)
+        if objective is not None:
+            self._set_objective(c.name, objective, alpha)
+        log.info("container %s joined (objective %s)", c.name, "none" if objective is None else f"{objective:g} s")
+
+    def _set_objective(self, name: str, objective_s: float | None, alpha: float | None) -> None:
+        if objective_s is None:
+            # Cleared by the operator: fall back to the container's own label, if any.
+            objective_s, alpha = self.label_objectives.get(name, (None, None))
+        try:
+            self.ctrl.set_objective(name, objective_s, self.clock(), alpha)
+        except (KeyError, ValueError) as e:
+            log.warning("objective for %s refused: %s", name, e)
+            return
+        self.wake.set()
+
+    # -- rounds -----------------------------------------------------------------
+
+    async def step(self) -> Decision | None:
+        """Run a round if one is due; publish the state if it is time. Returns the decision."""
+        decision = None
+        now = self.clock()
+        if self.ctrl.managed and self.ctrl.due(now):
+            totals = await self._cpu_totals()
+            now = self.clock()
+            decision = self.ctrl.run_round(now, totals)
+            self.rounds += 1
+            await self._apply(decision)
+            await self.publish(subjects.decisions(self.node),
+                               DecisionMsg.from_decision(decision, self.rounds, self.wall()))
+        if decision is not None or self.wall() >= self._next_state_wall:
+            await self.publish(subjects.state(self.node), self.node_state())
+            self._next_state_wall = self.wall() + self.state_interval_s
+        return decision
+
+    async def _cpu_totals(self) -> dict[str, float]:
+        try:
+            return await self.runtime.cpu_totals_s()
+        except RuntimeFailure as e:
+            log.warning("could not read CPU counters: %s", e)
+            return {}
+
+    async def _apply(self, d: Decision) -> None:
+        changes = d.changes
+        if not changes:
+            return
+
+        async def one(name: str, new: float | None, old: float | None) -> None:
+            try:
+                actual = await self.runtime.set_limit(name, new)
+            except RuntimeFailure as e:
+                log.warning("limit for %s not applied: %s", name, e)
+                actual = old
+            if actual != new:
+                self.ctrl.set_limit(name, _fraction(actual))
+
+        await asyncio.gather(*(one(c.name, c.new_limit, c.old_limit) for c in changes))
+
+    def node_state(self) -> NodeState:
+        d = self.ctrl.last_decision
+        policy = self.ctrl.policy
+        params = {"alpha": policy.alpha, "initial_interval_s": policy.initial_interval_s}
+        if isinstance(policy, DQoESPolicy):
+            params.update(beta=policy.params.beta, max_interval_s=policy.params.max_interval_s)
+        members: dict[str, list[str]] = {"G": [], "S": [], "B": [], "pending": []}
+        states = []
+        q_g = q_b = 0.0
+        for t in self.ctrl.containers.values():
+            if t.managed:
+                members[t.cls.value if t.cls else "pending"].append(t.name)
+                if t.cls is Cls.G and t.q_s is not None:
+                    q_g += t.q_s
+                elif t.cls is Cls.B and t.q_s is not None:
+                    q_b += t.q_s
+            states.append(
+                ContainerState(
+                    container=t.name,
+                    model=self.models.get(t.name),
+                    objective_s=t.objective_s,
+                    alpha=t.alpha,
+                    latency_s=t.new_latency_s or t.last_latency_s,
+                    cls=t.cls if t.managed else None,
+                    q_s=t.q_s if t.managed else None,
+                    limit=t.limit,
+                    cpu_share=t.cpu_share,
+                    managed=t.managed,
+                )
+            )
+        expected = getattr(self.runtime, "expected", None)
+        return NodeState(
+            node=self.node,
+            policy=policy.name,
+            cores=self.ctrl.cores,
+            round=self.rounds,
+            at=self.wall(),
+            interval_s=d.interval_s if d else policy.initial_interval_s,
+            q_g_s=q_g,
+            q_b_s=q_b,
+            satisfied=len(members["S"]),
+            members={k: tuple(v) for k, v in members.items()},
+            containers=tuple(states),
+            expected=tuple(expected()) if callable(expected) else (),
+            params=params,
+        )
+
+    # -- loops ------------------------------------------------------------------
+
+    def wait_s(self) -> float:
+        """Wall seconds until something is due (a round or a state publication)."""
+        now = self.clock()
+        round_in = (self.ctrl.next_round_at_s - now) / self.time_scale if self.ctrl.managed else math.inf
+        state_in = self._next_state_wall - self.wall()
+        return max(0.0, min(round_in, state_in))
+
+    async def run(self) -> None:
+        while not self._stopping:
+            await self.step()
+            self.wake.clear()
+            try:
+                await asyncio.wait_for(self.wake.wait(), timeout=self.wait_s())
+            except TimeoutError:
+                pass
+
+    async def follow_runtime(self) -> None:
+        async for ev in self.runtime.events():
+            self.on_runtime_event(ev)
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.wake.set()
+
+
+def _fraction(limit: float | None) -> float | None:
+    """A runtime limit as the controller holds it (fractions in (0, 1])."""
+    if limit is None or not math.isfinite(limit) or limit <= 0:
+        return None
+    return min(1.0, limit)

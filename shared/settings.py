@@ -1,0 +1,69 @@
+"""Flags that are also environment variables, and logging set-up, for every service.
+
+Each service's `__main__` declares its settings with `flag(...)`: `--nats URL`
+defaults to `$DQOES_NATS_URL`, and so on, so the same image runs from a
+command line, a compose file or a Swarm stack. Logging: one line per record,
+text or JSON (`--log-format json`), to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+import orjson
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def flag(parser: argparse.ArgumentParser, name: str, env: str, default: Any = None, *,
+         type: Any = str, help: str = "", choices: Any = None) -> None:
+    """Add `--name` whose default comes from `$env` (then `default`)."""
+    raw = os.environ.get(env)
+    value = default
+    if raw is not None and raw != "":
+        try:
+            value = type(raw)
+        except ValueError:
+            parser.error(f"${env}: invalid value {raw!r}")
+        if choices is not None and value not in choices:
+            parser.error(f"${env}: {raw!r} is not one of {', '.join(map(str, choices))}")
+    shown = "" if default is None else f" (default: {default})"
+    parser.add_argument(name, default=value, type=type, choices=choices,
+                        help=f"{help} [env {env}]{shown}")
+
+
+def add_common(parser: argparse.ArgumentParser) -> None:
+    flag(parser, "--nats", "DQOES_NATS_URL", DEFAULT_NATS_URL, help="NATS server URL")
+    flag(parser, "--log-level", "DQOES_LOG_LEVEL", "info", help="debug, info, warning or error",
+         choices=("debug", "info", "warning", "error"))
+    flag(parser, "--log-format", "DQOES_LOG_FORMAT", "text", help="text or json (one object per line)",
+         choices=("text", "json"))
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        obj = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+               "msg": record.getMessage()}
+        if record.exc_info:
+            obj["exc"] = self.formatException(record.exc_info).splitlines()[-1]
+        return orjson.dumps(obj).decode()
+
+
+def setup_logging(level: str = "info", fmt: str = "text", name: str = "") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        f = logging.Formatter(f"%(asctime)s {name + ' ' if name else ''}%(levelname)s %(name)s: %(message)s",
+                              "%H:%M:%S")
+        f.converter = time.localtime
+        handler.setFormatter(f)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("nats").setLevel(max(logging.WARNING, root.level))

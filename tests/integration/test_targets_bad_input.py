@@ -1,0 +1,160 @@
+"""Bad input on the public dqoes.targets: a clear refusal, no crash, no stored objective changed.
+
+A generated corpus (hypothesis) goes to a manager running as its own process
+(with a worker, so containers are known), as requests and as plain publishes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+
+import msgpack
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from services.cli.stack import Stack, StackSpec
+from shared import subjects
+from shared.bus import Bus, BusError
+from shared.schema import parse_target_reply
+from shared.sim.builtin import load
+
+pytestmark = pytest.mark.integration
+
+GOOD = {"c01": 30.0, "c02": 44.0}
+
+junk_values = st.one_of(
+    st.none(), st.booleans(), st.text(max_size=20), st.integers(-10**20, 10**20),
+    st.floats(allow_nan=True, allow_infinity=True), st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.integers(), max_size=2),
+)
+bad_objective = st.one_of(
+    st.just(0), st.just(-1), st.just(-0.0), st.just(math.nan), st.just(math.inf), st.just(1e300),
+    st.just(86400.5), st.just(True), st.just("40"), st.none(), st.just([40]),
+    st.floats(max_value=0.0, allow_nan=False), st.floats(min_value=86401, allow_infinity=False),
+)
+bad_alpha = st.one_of(st.just(0), st.just(1), st.just(1.5), st.just(-0.2), st.just(math.nan), st.just("0.1"), st.just(True))
+container = st.sampled_from(["c01", "c02", "c03"])
+
+
+@st.composite
+def bad_payloads(draw) -> bytes:
+    kind = draw(st.integers(0, 8))
+    enc = draw(st.sampled_from(["json", "msgpack"]))
+
+    def pack(obj):
+        # json.dumps writes NaN/Infinity literally (not JSON, so refused as such);
+        # orjson would turn them into null, which is a valid "no alpha".
+        return json.dumps(obj).encode() if enc == "json" else msgpack.packb(obj)
+
+    if kind == 0:
+        return draw(st.binary(max_size=200))  # not JSON nor msgpack (mostly)
+    if kind == 1:
+        return pack(draw(junk_values))  # not a map
+    if kind == 2:
+        return pack({"container": draw(container), "objective": draw(bad_objective)})
+    if kind == 3:
+        return pack({"container": draw(container), "objective": 30, "alpha": draw(bad_alpha)})
+    if kind == 4:
+        extra = draw(st.text(min_size=1, max_size=10).filter(lambda k: k not in ("container", "objective", "objective_s", "alpha")))
+        return pack({"container": draw(container), "objective": 30, extra: draw(junk_values)})
+    if kind == 5:
+        return pack({"container": draw(junk_values.filter(lambda v: not isinstance(v, str))), "objective": 30})
+    if kind == 6:
+        return pack({"container": draw(st.sampled_from(["ghost", "c99", "c01.x", "a b", "*", ">"])), "objective": 30})
+    if kind == 7:
+        return pack({"objective": 30} if draw(st.booleans()) else {"container": "c01"})
+    return b'{"container": "c01", "objective": ' + draw(st.sampled_from([b"NaN", b"Infinity", b"1e999", b"-5", b"0"])) + b"}"
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(StackSpec(load("paper-varied"), time_scale=5.0, start_delay_s=0.5, state_interval_s=0.3),
+              run_dir=tmp_path_factory.mktemp("bad-input"))
+    with s:
+        yield s
+
+
+class Client:
+    """One connection, one event loop, for hypothesis's synchronous examples."""
+
+    def __init__(self, url: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.bus = self.loop.run_until_complete(Bus.connect(url, "bad-input"))
+
+    def request(self, payload: bytes) -> dict:
+        return parse_target_reply(self.loop.run_until_complete(self.bus.request(subjects.TARGETS, payload, timeout_s=5)))
+
+    def publish(self, payload: bytes) -> None:
+        self.loop.run_until_complete(self.bus.publish_raw(subjects.TARGETS, payload))
+
+    def stored(self) -> dict:
+        async def go():
+            kv = await self.bus.kv(subjects.KV_OBJECTIVES)
+            return {k: orjson.loads(v)["objective_s"] for k, v in (await kv.items()).items()}
+        return self.loop.run_until_complete(go())
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.bus.close())
+        self.loop.close()
+
+
+@pytest.fixture(scope="module")
+def client(stack):
+    c = Client(stack.url)
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until the manager answers and the worker has reported its containers
+            try:
+                if c.request(orjson.dumps({"container": "c01", "objective": GOOD["c01"]}))["ok"]:
+                    break
+            except BusError:
+                pass
+            assert time.monotonic() < deadline, stack.logs()[-2000:]
+            time.sleep(0.2)
+        assert c.request(orjson.dumps({"container": "c02", "objective": GOOD["c02"]}))["ok"]
+        yield c
+    finally:
+        c.close()
+
+
+@given(bad_payloads())
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+def test_bad_requests_are_refused_and_change_nothing(client, payload):
+    reply = client.request(payload)
+    assert reply["ok"] is False
+    assert isinstance(reply["error"], str) and reply["error"] and "\n" not in reply["error"]
+    client.publish(payload)  # the same as a plain publish: must be harmless too
+
+
+@pytest.mark.parametrize(
+    "payload, words",
+    [
+        (b"\x00\xffnot json", "neither JSON nor msgpack"),
+        (b'{"container": "c01", "objective": "fast"}', "objective"),
+        (b'{"container": "c01", "objective": NaN}', "neither JSON"),
+        (msgpack.packb({"container": "c01", "objective": math.nan}), "finite"),
+        (b'{"container": "c01", "objective": -3}', "> 0"),
+        (b'{"container": "c01", "objective": 0}', "> 0"),
+        (b'{"container": "c01", "objective": 1e12}', "at most"),
+        (b'{"container": "c01", "objective": 30, "objetive": 3}', "unknown field"),
+        (b'{"container": "ghost", "objective": 30}', "unknown container 'ghost'"),
+        (b'{"container": "c01", "objective": 30, "alpha": 2}', "alpha"),
+        (b" " * 1_000_000, "bytes"),
+    ],
+)
+def test_refusals_name_the_problem(client, payload, words):
+    reply = client.request(payload)
+    assert reply["ok"] is False and words in reply["error"], reply
+
+
+def test_nothing_stored_changed_and_nothing_crashed(client, stack):
+    assert client.stored() == GOOD
+    assert stack.dead() == {}
+    text = stack.logs()
+    assert "Traceback" not in text
+    assert "rejected" in (stack.run_dir / "manager.log").read_text()
