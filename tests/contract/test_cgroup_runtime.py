@@ -1,0 +1,95 @@
+"""CgroupRuntime beyond the shared contract: its refusal without root, and its cgroup v2 path.
+
+This machine's CPU controller is on cgroup v1, so the v2 file handling is
+driven here on an imitation v2 tree (plain files: nothing is really limited,
+but every file the runtime writes is checked).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from shared.runtime.base import RuntimeFailure
+from shared.runtime.cgroup import CgroupRuntime
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_without_root_start_fails_with_a_clear_message():
+    code = textwrap.dedent(
+        """
+        import asyncio
+        from shared.runtime.cgroup import CgroupRuntime
+        from shared.runtime.base import RuntimeFailure
+        try:
+            asyncio.run(CgroupRuntime("n", parent="dqoes-nonroot-check").start())
+        except RuntimeFailure as e:
+            print(e)
+        """
+    )
+    if os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            pytest.skip("needs setpriv to drop root")
+        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+    else:
+        argv = [sys.executable]
+    root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(
+        [*argv, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd="/",
+        env={**os.environ, "PYTHONPATH": root_dir},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().startswith(
+        "the cgroup runtime needs root: cannot write /sys/fs/cgroup/"
+    )
+    assert done.stdout.strip().endswith("/dqoes-nonroot-check")
+
+
+@pytest.mark.anyio
+async def test_v2_files_on_an_imitation_tree(tmp_path):
+    root = tmp_path
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    rt = CgroupRuntime("n1", cores=4, root=root, parent="dqoes")
+    await rt.start()
+    assert "+cpu" in (root / "cgroup.subtree_control").read_text()
+    (root / "dqoes" / "cgroup.subtree_control").write_text("")  # the kernel would have made it
+
+    stream = rt.events()
+    c = await rt.spawn("w1", [sys.executable, "-c", "import time; time.sleep(30)"], objective_s=2.0)
+    assert c.id == str(root / "dqoes" / "w1")
+    assert (await stream.__anext__()).kind == "started"
+    # The child put itself in the group before exec.
+    pid = int((root / "dqoes/w1/cgroup.procs").read_text())
+    assert pid == rt._spawned["w1"].process.pid
+    assert (root / "dqoes/w1/cpu.max").read_text() == "max 100000"
+
+    assert await rt.set_limit("w1", 0.5) == pytest.approx(0.5)
+    assert (root / "dqoes/w1/cpu.max").read_text() == "200000 100000"
+    [listed] = await rt.containers()
+    assert listed.limit == pytest.approx(0.5) and listed.objective_s == 2.0
+
+    (root / "dqoes/w1/cpu.stat").write_text("usage_usec 1500000\n")
+    assert await rt.cpu_totals_s() == {"w1": pytest.approx(1.5)}
+
+    with pytest.raises(RuntimeFailure):
+        await rt.spawn("w1", [sys.executable, "-c", "pass"])
+    with pytest.raises(RuntimeFailure):
+        await rt.spawn("../escape", [sys.executable, "-c", "pass"])
+
+    await rt.close()
+    event = await asyncio.wait_for(stream.__anext__(), 5)
+    assert (event.kind, event.container.name) == ("stopped", "w1")
+    with pytest.raises(StopAsyncIteration):
+        await stream.__anext__()
+    assert not (root / "dqoes").exists()
