@@ -58,6 +58,7 @@ class Worker:
         self.clock: Callable[[], float] = getattr(runtime, "now_s", time.monotonic)
         self.time_scale: float = getattr(runtime, "time_scale", 1.0)
         self.models: dict[str, str | None] = {}
+        self.by_id: dict[str, str] = {}
         self.assigned: dict[str, ObjectiveAssign] = {}
         self.label_objectives: dict[str, tuple[float | None, float | None]] = {}
         self.rounds = 0
@@ -77,11 +78,16 @@ class Worker:
 
     def on_latency(self, msg: LatencyEvent) -> None:
         self.latencies += 1
-        if msg.node != self.node or not self.ctrl.record_latency(msg.container, msg.latency_s, self.clock()):
+        name = msg.container
+        if name not in self.ctrl.containers:
+            # A container that does not know its name reports under its hostname,
+            # which Docker sets to the short id.
+            name = self.by_id.get(name[:12], name) if len(name) >= 12 else name
+        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock()):
             self.ignored_latencies += 1
             return
-        if msg.model and not self.models.get(msg.container):
-            self.models[msg.container] = msg.model
+        if msg.model and not self.models.get(name):
+            self.models[name] = msg.model
         if self.ctrl.due(self.clock()):
             self.wake.set()
 
@@ -126,6 +132,7 @@ class Worker:
         if c.label_error:
             log.warning("container %s: %s (objective label ignored)", c.name, c.label_error)
         self.models[c.name] = c.model
+        self.by_id[c.id[:12]] = c.name
         self.label_objectives[c.name] = (c.objective_s, c.alpha)
         self.ctrl.add(c.name, self.clock(), limit=_fraction(c.limit))
         a = self.assigned.get(c.name)

@@ -83,11 +83,18 @@ def parse_labels(labels: Mapping[str, str]) -> tuple[float | None, float | None,
 
     objective_s = number(OBJECTIVE_LABEL)
     alpha = number(ALPHA_LABEL)
+    if alpha is not None and alpha >= 1:
+        errors.append(f"{ALPHA_LABEL}={labels[ALPHA_LABEL]!r} is not in (0, 1)")
+        alpha = None
     return objective_s, alpha, "; ".join(errors) or None
 
 
 class DockerRuntime:
     """Containers of one Docker engine, limited through Docker's own update API.
+
+    It manages the running containers labelled `dqoes.managed=true` whose
+    `dqoes.node` label is absent or names this node (several logical nodes
+    may share one engine, as in the compose demo).
 
     `cores` defaults to the engine's NCPU; limits are fractions of it.
     `cgroup_root` is where the host's cgroup tree is visible (for CPU use).
@@ -221,7 +228,9 @@ class DockerRuntime:
                 except docker.errors.NotFound:
                     continue  # gone between list and inspect
                 if info["State"].get("Running"):
-                    found[info["Id"]] = (self._describe(info), info["State"].get("StartedAt", ""))
+                    c = self._describe(info)
+                    if c.node == self.node:  # labelled for another node: that worker's
+                        found[info["Id"]] = (c, info["State"].get("StartedAt", ""))
             return found
         except _ENGINE_ERRORS as e:
             raise RuntimeFailure(f"docker engine unreachable: {_one_line(e)}") from e
@@ -297,6 +306,8 @@ class DockerRuntime:
         labels = info["Config"].get("Labels") or {}
         if labels.get(self.label) != "true":
             raise RuntimeFailure(f"refusing to change {name}: it is not labelled {self.label}=true")
+        if labels.get(NODE_LABEL) not in (None, "", self.node):
+            raise RuntimeFailure(f"refusing to change {name}: it belongs to node {labels[NODE_LABEL]}")
         if not info["State"].get("Running"):
             raise RuntimeFailure(f"container {name} is not running")
 
@@ -502,6 +513,8 @@ class _EventStream:
             if not info["State"].get("Running"):
                 return
             container = self._rt._describe(info)
+            if container.node != self._rt.node:
+                return
             known[cid] = (container, info["State"].get("StartedAt", ""))
             self._out.put_nowait(RuntimeEvent("started", container))
         elif action in ("die", "stop", "destroy") and cid in known:

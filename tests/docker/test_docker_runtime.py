@@ -78,17 +78,21 @@ async def test_a_malformed_objective_is_reported_and_discovery_goes_on(runtime, 
     bad = containers.run("bad", {"dqoes.objective_s": "fast", "dqoes.alpha": "0.5"})
     neg = containers.run("neg", {"dqoes.objective_s": "-3"})
     good = containers.run(
-        "good", {"dqoes.objective_s": "2.5", "dqoes.model": "resnet50", "dqoes.node": "n7"}
+        "good", {"dqoes.objective_s": "2.5", "dqoes.model": "resnet50", "dqoes.node": runtime.node}
     )
+    other = containers.run("other", {"dqoes.objective_s": "2.5", "dqoes.node": "n7"})
     listed = {c.name: c for c in await runtime.containers() if c.name.startswith(containers.prefix)}
+    # Labelled for another node: that node's worker manages it, not this one.
     assert set(listed) == {bad.name, neg.name, good.name}
+    with pytest.raises(RuntimeFailure, match="belongs to node n7"):
+        await runtime.set_limit(other.name, 0.3)
 
     assert listed[bad.name].objective_s is None
     assert "dqoes.objective_s='fast'" in listed[bad.name].label_error
     assert listed[bad.name].alpha == 0.5
     assert listed[neg.name].objective_s is None and listed[neg.name].label_error
     g = listed[good.name]
-    assert (g.objective_s, g.model, g.node, g.label_error) == (2.5, "resnet50", "n7", None)
+    assert (g.objective_s, g.model, g.node, g.label_error) == (2.5, "resnet50", runtime.node, None)
     # A malformed label does not stop it being limited.
     assert await runtime.set_limit(bad.name, 0.3) == pytest.approx(0.3)
 
