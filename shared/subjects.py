@@ -53,7 +53,7 @@ _FORBIDDEN = frozenset("*>~")
 _KV_KEY_RE = re.compile(r"^[-/_=a-zA-Z0-9]+(\.[-/_=a-zA-Z0-9]+)*$")
 
 
-_GOOD_ID = re.compile(r"[^\s*>~]{1,%d}" % MAX_ID_CHARS)
+_GOOD_ID = re.compile(r"[^\s*>~]{1," + str(MAX_ID_CHARS) + "}")
 
 
 def validate_id(name: object, what: str = "id") -> str:
