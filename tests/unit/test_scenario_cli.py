@@ -145,9 +145,17 @@ def test_cli_unknown_scenario_and_missing_file():
 def test_every_command_has_help():
     for args in (["--help"], ["experiment", "--help"], ["experiment", "run", "--help"],
                  ["experiment", "compare", "--help"], ["experiment", "report", "--help"],
-                 ["experiment", "list", "--help"]):
+                 ["experiment", "list", "--help"], ["up", "--help"], ["status", "--help"],
+                 ["target", "set", "--help"], ["watch", "--help"]):
         r = cli(*args)
         assert r.returncode == 0 and "usage:" in r.stdout
+
+
+@pytest.mark.parametrize("service", ["services.worker", "services.manager", "services.inference"])
+def test_every_service_has_help(service):
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run([sys.executable, "-m", service, "--help"], capture_output=True, text=True, cwd=REPO, env=env)
+    assert r.returncode == 0 and "usage:" in r.stdout and "[env DQOES_NATS_URL]" in r.stdout
 
 
 def test_scenarios_round_trip_through_their_file_form(tmp_path):

@@ -1,0 +1,97 @@
+"""`dqoes up | status | target set | watch` as a user runs them: real processes, real NATS."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from services.cli.stack import Stack, StackSpec
+from shared.sim.builtin import load
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
+
+
+def dqoes(*args, timeout=120, env=None):
+    e = {**os.environ, "PYTHONPATH": str(REPO), "DQOES_STATE_DIR": str(Path(env or "/tmp") / "dqoes-state")}
+    e.pop("DQOES_NATS_URL", None)
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, env=e)
+
+
+def last_json(out: str) -> dict:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_up_runs_a_scenario_and_reports_like_the_simulator(tmp_path):
+    r = dqoes("up", "--scenario", "paper-varied", "--time-scale", "60", "--duration", "600", "--json",
+              "--run-dir", str(tmp_path / "run"), timeout=180, env=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = last_json(r.stdout)
+    assert res["scenario"] == "paper-varied" and res["interrupted"] is False
+    assert res["policies"]["dqoes"]["satisfied_per_node"].keys() == {"worker-1"}
+    assert res["policies"]["dqoes"]["satisfied_final"] >= 4  # well on its way to 7 by 600 s
+    for log in (tmp_path / "run" / "dqoes").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = Stack(StackSpec(load("paper-varied"), time_scale=5.0, start_delay_s=0.5, state_interval_s=0.3),
+              run_dir=tmp_path_factory.mktemp("cli"))
+    with s:
+        deadline = time.monotonic() + 30
+        while dqoes("status", "--nats", s.url, "--json").returncode != 0:
+            assert time.monotonic() < deadline
+            time.sleep(0.3)
+        yield s
+
+
+def test_target_set_status_and_watch(stack, tmp_path):
+    deadline = time.monotonic() + 30
+    while True:
+        r = dqoes("target", "set", "c01", "30", "--nats", stack.url, "--json")
+        if r.returncode == 0:
+            break
+        assert time.monotonic() < deadline, r.stdout + r.stderr
+        time.sleep(0.3)
+    reply = last_json(r.stdout)
+    assert reply["ok"] and reply["node"] == "worker-1" and reply["objective_s"] == 30
+
+    r = dqoes("target", "set", "c02", "12.5", "--alpha", "0.2", "--nats", stack.url)
+    assert r.returncode == 0 and "objective for c02: 12.5 s a batch" in r.stdout
+
+    r = dqoes("target", "set", "ghost", "30", "--nats", stack.url)
+    assert r.returncode == 1 and "refused: unknown container 'ghost'" in r.stderr
+
+    status = last_json(dqoes("status", "--nats", stack.url, "--json").stdout)
+    assert status["type"] == "cluster_state" and "worker-1" in status["nodes"]
+    human = dqoes("status", "--nats", stack.url).stdout
+    assert "worker-1" in human and "total" in human
+
+    r = dqoes("watch", "--nats", stack.url, "--count", "2", "--every", "0.5", "--json", timeout=30)
+    lines = [json.loads(x) for x in r.stdout.strip().splitlines()]
+    assert r.returncode == 0 and len(lines) >= 2 and all(x["type"] == "cluster_state" for x in lines)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["target", "set", "c01", "-5"], "must be > 0"),
+    (["target", "set", "c01", "nan"], "finite"),
+    (["target", "set", "c01", "30", "--alpha", "1.5"], "alpha"),
+    (["target", "set", "bad name", "30"], "whitespace"),
+])
+def test_bad_target_arguments_send_nothing(stack, args, words):
+    r = dqoes(*args, "--nats", stack.url)
+    assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_status_with_nothing_running_is_one_clear_line(tmp_path):
+    r = dqoes("status", "--nats", "nats://127.0.0.1:9", env=tmp_path)
+    assert r.returncode == 2 and "cannot connect" in r.stderr and "Traceback" not in r.stderr
