@@ -26,6 +26,7 @@ import orjson
 from services.cli.experiment import CliError, emit_json
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
+from shared.aio import wait_event
 from shared.bus import Bus, BusError, NoResponders, RequestTimeout
 from shared.schema import ClusterState, NodeState, SchemaError, TargetRequest, parse_target_reply
 from shared.settings import DEFAULT_NATS_URL
@@ -123,8 +124,7 @@ async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, ev
                     parts.append(f"{o.stack.name}: {o.satisfied_now():>3} satisfied ({per})")
                 print(f"t = {t:7.0f} s   " + "   |   ".join(parts), flush=True)
                 next_print = time.monotonic() + every_s
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), 0.25)
+            await wait_event(stop, 0.25)
     finally:
         for b in buses:
             await b.close()

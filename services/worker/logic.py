@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import replace
 
 from shared import subjects
+from shared.aio import wait_event
 from shared.core.controller import NodeController
 from shared.core.dqoes import DQoESPolicy
 from shared.core.types import Cls, Decision
@@ -72,6 +73,8 @@ class Worker:
 
     async def start(self) -> None:
         await self.runtime.start()
+        # Subscribe before listing, so a container starting in between is not missed.
+        self._events = self.runtime.events()
         for c in await self.runtime.containers():
             self._add(c)
         self.wake.set()
@@ -254,13 +257,10 @@ class Worker:
         while not self._stopping:
             await self.step()
             self.wake.clear()
-            try:
-                await asyncio.wait_for(self.wake.wait(), timeout=self.wait_s())
-            except TimeoutError:
-                pass
+            await wait_event(self.wake, self.wait_s())
 
     async def follow_runtime(self) -> None:
-        async for ev in self.runtime.events():
+        async for ev in self._events:
             self.on_runtime_event(ev)
 
     def stop(self) -> None:

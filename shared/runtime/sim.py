@@ -21,9 +21,11 @@ import logging
 import math
 import random
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
+from shared.aio import wait_event
+from shared.core.profiles import ModelProfile
 from shared.runtime.base import RuntimeContainer, RuntimeEvent, RuntimeFailure
 from shared.sim.physics import BatchDone, SimNode
 from shared.sim.placement import place
@@ -54,7 +56,9 @@ class SimRuntime:
             spec = scenario.node(node)
         except KeyError:
             names = ", ".join(n.name for n in scenario.nodes)
-            raise RuntimeFailure(f"node {node!r} is not in scenario {scenario.name} (nodes: {names})") from None
+            raise RuntimeFailure(
+                f"node {node!r} is not in scenario {scenario.name} (nodes: {names})"
+            ) from None
         self.node = node
         self.cores = spec.cores
         self.scenario = scenario
@@ -73,7 +77,9 @@ class SimRuntime:
                 self._timeline.append((c.submit_at_s + c.duration_s, 0, c.name))
         heapq.heapify(self._timeline)
         self._finished: set[str] = set()
-        self._events: asyncio.Queue[RuntimeEvent] = asyncio.Queue()
+        self._unmanaged: set[str] = set()
+        self._subs: set[asyncio.Queue[RuntimeEvent | None]] = set()
+        self._closed = False
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -87,7 +93,9 @@ class SimRuntime:
 
     def expected(self) -> list[str]:
         """Containers of this node not submitted yet (objectives may be set ahead)."""
-        return sorted(n for n in self._specs if n not in self._sim.containers and n not in self._finished)
+        return sorted(
+            n for n in self._specs if n not in self._sim.containers and n not in self._finished
+        )
 
     # -- Runtime interface ------------------------------------------------------
 
@@ -100,15 +108,17 @@ class SimRuntime:
 
     async def containers(self) -> list[RuntimeContainer]:
         self._advance(self.now_s())
-        return [self._describe(self._specs[n]) for n in self._sim.containers]
+        return [
+            self._describe(self._specs[n]) for n in self._sim.containers if n not in self._unmanaged
+        ]
 
     async def cpu_totals_s(self) -> dict[str, float]:
         self._advance(self.now_s())
-        return self._sim.cpu_totals()
+        return {n: v for n, v in self._sim.cpu_totals().items() if n not in self._unmanaged}
 
     async def set_limit(self, name: str, limit: float | None) -> float | None:
-        if name not in self._sim.containers:
-            raise RuntimeFailure(f"no running simulated container {name!r} on {self.node}")
+        if name not in self._sim.containers or name in self._unmanaged:
+            raise RuntimeFailure(f"no running managed simulated container {name!r} on {self.node}")
         if limit is not None and not (math.isfinite(limit) and 0 < limit <= 1):
             raise RuntimeFailure(f"limit must be a fraction of the node in (0, 1], got {limit!r}")
         now = self.now_s()
@@ -116,11 +126,12 @@ class SimRuntime:
         self._wake.set()
         return limit
 
-    async def events(self) -> AsyncIterator[RuntimeEvent]:
-        while True:
-            yield await self._events.get()
+    def events(self) -> _Events:
+        """Events from now on (each call is its own subscription; close() ends them all)."""
+        return _Events(self)
 
     async def close(self) -> None:
+        """Stop the physics; the simulated containers end with it (the runtime owns them)."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -128,6 +139,72 @@ class SimRuntime:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        self._closed = True
+        for name in list(self._sim.containers):
+            self._sim.remove(name, self.now_s())
+        for q in self._subs:
+            q.put_nowait(None)
+
+    # -- containers started and stopped from outside the scenario ----------------
+
+    async def add(
+        self,
+        spec: ContainerSpec,
+        *,
+        profile: ModelProfile | None = None,
+        managed: bool = True,
+    ) -> None:
+        """Start a container now (not from the scenario's timeline).
+
+        An unmanaged one (no `dqoes.managed` label) competes for the CPU but is
+        never listed, measured or limited, like any other container on a node.
+        """
+        if spec.name in self._sim.containers:
+            raise RuntimeFailure(f"simulated container {spec.name!r} already runs on {self.node}")
+        now = self.now_s()
+        self._advance(now)
+        self._specs[spec.name] = spec
+        prof = profile or self.scenario.profile_of(spec)
+        if not managed:
+            self._unmanaged.add(spec.name)
+        limit = None if spec.cpus is None else spec.cpus / self.cores
+        self._sim.add(
+            spec.name,
+            prof,
+            now,
+            random.Random(f"noise:{self.seed}:{spec.name}"),
+            self.scenario.noise_sigma,
+            limit,
+        )
+        if managed:
+            self._emit(RuntimeEvent("started", self._describe(spec)))
+        self._wake.set()
+
+    async def stop(self, name: str) -> None:
+        """Stop a running container now."""
+        if name not in self._sim.containers:
+            raise RuntimeFailure(f"no running simulated container {name!r} on {self.node}")
+        now = self.now_s()
+        self._advance(now)
+        self._dispatch(self._sim.remove(name, now))
+        self._finished.add(name)
+        if name in self._unmanaged:
+            self._unmanaged.discard(name)
+        else:
+            self._emit(RuntimeEvent("stopped", self._describe(self._specs[name])))
+        self._wake.set()
+
+    def running(self, name: str) -> bool:
+        return name in self._sim.containers
+
+    def limit_cores(self, name: str) -> float | None:
+        """The quota the simulated kernel enforces, in cores (None: none)."""
+        limit = self._sim.containers[name].limit
+        return None if limit is None else limit * self.cores
+
+    def _emit(self, ev: RuntimeEvent) -> None:
+        for q in self._subs:
+            q.put_nowait(ev)
 
     # -- internals --------------------------------------------------------------
 
@@ -162,24 +239,51 @@ class SimRuntime:
             if kind == 1:
                 limit = None if spec.cpus is None else spec.cpus / self.cores
                 self._sim.add(
-                    name, self.scenario.profile_of(spec), at, random.Random(f"noise:{self.seed}:{name}"),
-                    self.scenario.noise_sigma, limit,
+                    name,
+                    self.scenario.profile_of(spec),
+                    at,
+                    random.Random(f"noise:{self.seed}:{name}"),
+                    self.scenario.noise_sigma,
+                    limit,
                 )
-                self._events.put_nowait(RuntimeEvent("started", self._describe(spec)))
+                self._emit(RuntimeEvent("started", self._describe(spec)))
             elif name in self._sim.containers:
                 self._dispatch(self._sim.remove(name, at))
                 self._finished.add(name)
-                self._events.put_nowait(RuntimeEvent("stopped", self._describe(spec)))
+                self._emit(RuntimeEvent("stopped", self._describe(spec)))
         self._dispatch(self._sim.advance(now))
 
     async def _run(self) -> None:
         while True:
             now = self.now_s()
             self._advance(now)
-            nxt = min(self._sim.next_event_s(), self._timeline[0][0] if self._timeline else math.inf)
+            nxt = min(
+                self._sim.next_event_s(), self._timeline[0][0] if self._timeline else math.inf
+            )
             wait_s = 1.0 if math.isinf(nxt) else max(0.0, (nxt - self.now_s()) / self.time_scale)
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), timeout=min(wait_s, 1.0))
-            except TimeoutError:
-                pass
+            await wait_event(self._wake, min(wait_s, 1.0))
+
+
+class _Events:
+    """One subscription to a SimRuntime's events; ends when the runtime closes."""
+
+    def __init__(self, rt: SimRuntime) -> None:
+        self._rt = rt
+        self._queue: asyncio.Queue[RuntimeEvent | None] = asyncio.Queue()
+        if rt._closed:
+            self._queue.put_nowait(None)
+        rt._subs.add(self._queue)
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> RuntimeEvent:
+        ev = await self._queue.get()
+        if ev is None:
+            self._rt._subs.discard(self._queue)
+            raise StopAsyncIteration
+        return ev
+
+    async def aclose(self) -> None:
+        self._rt._subs.discard(self._queue)

@@ -310,9 +310,72 @@ async def cgroup_harness() -> AsyncIterator[Harness]:
         h.cleanup()
 
 
+# ---- sim ---------------------------------------------------------------------
+
+
+class SimHarness(Harness):
+    """The simulated runtime at time scale 1: its "kernel" is the simulator's physics."""
+
+    kind = "sim"
+    owns_workloads = True
+
+    def _spec(self, name: str, busy: bool, objective_s=None, alpha=None, model=None):
+        from shared.sim.scenario import ContainerSpec
+
+        return ContainerSpec(name, model or ("busy" if busy else "idle"), objective_s, alpha=alpha)
+
+    def _profile(self, busy: bool):
+        from shared.core.profiles import ModelProfile
+
+        # busy: one core flat out; idle: a sliver of work, then a long sleep
+        return (
+            ModelProfile("busy", 1e9, threads=1)
+            if busy
+            else ModelProfile("idle", 1e-3, overhead_s=3600.0)
+        )
+
+    async def start_managed(
+        self, name, busy=False, objective_s=None, alpha=None, model=None
+    ) -> None:
+        await self.runtime.add(
+            self._spec(name, busy, objective_s, alpha, model), profile=self._profile(busy)
+        )
+
+    async def start_unmanaged(self, name: str, busy: bool = False) -> None:
+        await self.runtime.add(self._spec(name, busy), profile=self._profile(busy), managed=False)
+
+    async def stop(self, name: str) -> None:
+        await self.runtime.stop(name)
+
+    async def is_running(self, name: str) -> bool:
+        return self.runtime.running(name)
+
+    async def kernel_limit_cores(self, name: str) -> float | None:
+        return self.runtime.limit_cores(name)
+
+    async def limit_state(self, name: str) -> Any:
+        return self.runtime.limit_cores(name)
+
+
+@asynccontextmanager
+async def sim_harness() -> AsyncIterator[Harness]:
+    from shared.runtime.sim import SimRuntime
+    from shared.sim.scenario import NodeSpec, Scenario
+
+    empty = Scenario("contract", (NodeSpec("test-node", 2.0),), (), {}, 1e9, noise_sigma=0.0)
+    h = SimHarness()
+    h.runtime = SimRuntime("test-node", empty, time_scale=1.0)
+    await h.runtime.start()
+    try:
+        yield h
+    finally:
+        await h.runtime.close()
+
+
 HARNESSES: dict[str, Callable[[], Any]] = {
     "docker": docker_harness,
     "cgroup": cgroup_harness,
+    "sim": sim_harness,
 }
 
 

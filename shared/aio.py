@@ -1,0 +1,21 @@
+"""Small asyncio helpers shared by the services.
+
+`wait_event` exists because Python 3.11's `asyncio.wait_for` can swallow a
+cancellation that arrives in the same loop iteration as the awaited event
+(CPython gh-86296): a loop of `wait_for(event.wait(), t)` then never ends
+when its task is cancelled. `asyncio.timeout` does not have that flaw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until `event` is set or `timeout_s` passes; True when it was set."""
+    try:
+        async with asyncio.timeout(max(0.0, timeout_s)):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
