@@ -136,6 +136,27 @@ def containers(docker_client: Any, test_image: str) -> Iterator[Containers]:
     c.cleanup()
 
 
+@pytest.fixture(scope="session")
+def workload_image(docker_client: Any) -> str:
+    """The torch inference image (DQOES_WORKLOAD_IMAGE, default dqoes-workload:latest)."""
+    import docker
+
+    image = os.environ.get("DQOES_WORKLOAD_IMAGE", "dqoes-workload:latest")
+    try:
+        docker_client.images.get(image)
+    except docker.errors.ImageNotFound:
+        need(f"image {image} missing; build it with `make images`")
+    return image
+
+
+@pytest.fixture
+def workload_containers(docker_client: Any, workload_image: str) -> Iterator[Containers]:
+    """Like `containers`, on the inference image."""
+    c = Containers(docker_client, workload_image)
+    yield c
+    c.cleanup()
+
+
 @pytest.fixture
 async def runtime(docker_client: Any) -> AsyncIterator[DockerRuntime]:
     rt = DockerRuntime(node="test-node")
