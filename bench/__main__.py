@@ -11,6 +11,7 @@ import orjson
 SUITES = {
     "core": "bench.bench_core",
     "live": "bench.bench_live",
+    "docker": "bench.bench_docker",
 }
 
 
