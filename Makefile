@@ -4,18 +4,19 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench results clean help
+.PHONY: setup demo test lint bench results images clean help
 
 help:
 	@echo "make demo     run the main job (see README)"
 	@echo "make test     set up and run the test suite"
 	@echo "make bench    run the benchmarks and print figures"
 	@echo "make results  regenerate the generated tables in docs/results.md"
+	@echo "make images   start a Docker engine if needed and build the images (no registry)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,workloads]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -36,6 +37,11 @@ bench: setup
 
 results: setup
 	$(BIN)/dqoes experiment report --seeds 1-5 --update docs/results.md
+
+# Root: installs and starts dockerd when missing (see .ci/install-docker.sh).
+images: setup
+	bash .ci/install-docker.sh
+	bash compose/images/build.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
