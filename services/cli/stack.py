@@ -35,6 +35,10 @@ class StackSpec:
     state_interval_s: float = 1.0
     label: str = ""
     extra_worker_args: list[str] = field(default_factory=list)
+    runtime: str = "sim"
+    """sim: simulated containers; cgroup: real inference processes in cgroups (root, torch)."""
+    workload_batch: int = 100
+    workload_resolution: int | None = None
 
 
 class Stack:
@@ -102,10 +106,16 @@ class Stack:
     def start_worker(self, node: str, scenario_file: Path | None = None) -> None:
         s = self.spec
         scenario_file = scenario_file or self.run_dir / "scenario.json"
+        if s.runtime == "cgroup":
+            # Real processes run in wall time, from when their worker starts.
+            runtime_args = ["--runtime", "cgroup", "--workload-batch", str(s.workload_batch)]
+            if s.workload_resolution is not None:
+                runtime_args += ["--workload-resolution", str(s.workload_resolution)]
+        else:
+            runtime_args = ["--runtime", "sim", "--time-scale", str(s.time_scale), "--start-at", repr(self.start_at)]
         self._spawn(f"worker-{node}", [
             "-m", "services.worker", "--nats", self.url, "--node", node, "--policy", s.policy,
-            "--runtime", "sim", "--scenario", str(scenario_file), "--seed", str(s.seed),
-            "--time-scale", str(s.time_scale), "--start-at", repr(self.start_at),
+            "--scenario", str(scenario_file), "--seed", str(s.seed), *runtime_args,
             "--state-interval", str(s.state_interval_s), *s.extra_worker_args,
         ])
 
