@@ -7,6 +7,7 @@ the last line of stdout with --json for programs.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -15,8 +16,10 @@ from typing import Any
 import orjson
 
 from services.cli.progress import Progress
+from shared.core.profiles import ModelProfile
 from shared.sim.builtin import BUILTINS, load
 from shared.sim.engine import POLICIES, SimResult, simulate
+from shared.sim.scenario import load_profiles_file
 from shared.timeline import run_file_name, write_jsonl
 
 
@@ -49,8 +52,15 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def run_one(scenario_name: str, policy: str, seed: int, out: str | None, label: str | None = None) -> SimResult:
-    sc = load(scenario_name, seed)
+def profiles_from(path: str | None) -> dict[str, ModelProfile] | None:
+    """--profiles FILE, else $DQOES_PROFILES, else None (the built-ins)."""
+    path = path or os.environ.get("DQOES_PROFILES") or None
+    return None if path is None else load_profiles_file(path)
+
+
+def run_one(scenario_name: str, policy: str, seed: int, out: str | None, label: str | None = None,
+            profiles: dict[str, ModelProfile] | None = None) -> SimResult:
+    sc = load(scenario_name, seed, profiles)
     prog = Progress(label or f"{sc.name} {policy} seed {seed}")
     res = simulate(sc, policy, seed, record=out is not None, progress=prog)
     if out is not None:
@@ -82,7 +92,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    res = run_one(args.scenario, args.policy, args.seed, args.out)
+    res = run_one(args.scenario, args.policy, args.seed, args.out, profiles=profiles_from(args.profiles))
     s = res.summary()
     if not args.json:
         print(f"scenario {s['scenario']}  policy {s['policy']}  seed {s['seed']}")
@@ -105,7 +115,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     for p in policies:
         if p not in POLICIES:
             raise CliError(f"--policies: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
-    results = {p: run_one(args.scenario, p, args.seed, args.out) for p in policies}
+    profiles = profiles_from(args.profiles)
+    results = {p: run_one(args.scenario, p, args.seed, args.out, profiles=profiles) for p in policies}
     first = next(iter(results.values()))
     table = {p: {"satisfied_final": r.satisfied_final, "satisfied_per_node": r.satisfied_per_node,
                  "satisfied_at_end": r.satisfied_at_end} for p, r in results.items()}
@@ -204,6 +215,10 @@ def update_section(path: Path, block: str, begin: str = REPORT_BEGIN, end: str =
     path.write_text(text)
 
 
+PROFILES_HELP = ("model profiles (e.g. from `dqoes calibrate --out`) replacing the built-ins of the same names "
+                 "(default: $DQOES_PROFILES; a scenario file's own `profiles`/`models` still win)")
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("experiment", help="run the simulator on built-in or user scenarios",
                         description="Run DQoES, default Swarm or the oracle on a simulated cluster.")
@@ -221,6 +236,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="write the timeline as JSON lines into DIR")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
     p.add_argument("--verbose", action="store_true", help="with --json, include every container's final state")
+    p.add_argument("--profiles", metavar="FILE", help=PROFILES_HELP)
     p.set_defaults(func=cmd_run)
 
     p = es.add_parser("compare", help="run one scenario under several policies, same seed")
@@ -229,6 +245,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", metavar="DIR", help="write each run's timeline into DIR")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
+    p.add_argument("--profiles", metavar="FILE", help=PROFILES_HELP)
     p.set_defaults(func=cmd_compare)
 
     p = es.add_parser("report", help="satisfied counts of the paper's experiments over seeds, as Markdown")
@@ -237,3 +254,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--update", metavar="FILE", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
     p.set_defaults(func=cmd_report)
+
+    from services.cli import realexp  # here: it imports this module
+
+    realexp.add_parser(es)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from services.cli import experiment, live
+from services.cli import calibrate, experiment, live
 from shared.sim.scenario import ScenarioError
 
 
@@ -22,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     experiment.add_parser(sub)
     live.add_parsers(sub)
+    calibrate.add_parsers(sub)
     return parser
 
 

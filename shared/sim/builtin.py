@@ -6,10 +6,10 @@ constants below are the outcome of that derivation, not tuning knobs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from shared.core.dqoes import DQoESParams
-from shared.core.profiles import BUILTIN_PROFILES, PAPER_MIXED_MODELS
+from shared.core.profiles import BUILTIN_PROFILES, PAPER_MIXED_MODELS, ModelProfile
 from shared.sim.scenario import (
     ContainerSpec,
     NodeSpec,
@@ -37,12 +37,13 @@ def _resnets(objectives: list[float], submits: list[float]) -> tuple[ContainerSp
     )
 
 
-def _scenario(name: str, desc: str, nodes, containers, duration_s: float, seed: int | None, rule: str = "") -> Scenario:
+def _scenario(name: str, desc: str, nodes, containers, duration_s: float, seed: int | None, rule: str = "",
+              profiles: Mapping[str, ModelProfile] | None = None) -> Scenario:
     return Scenario(
         name=name,
         nodes=tuple(nodes),
         containers=tuple(containers),
-        profiles=dict(BUILTIN_PROFILES),
+        profiles=dict(profiles or BUILTIN_PROFILES),
         duration_s=duration_s,
         controller=DQoESParams(),
         description=desc,
@@ -51,61 +52,62 @@ def _scenario(name: str, desc: str, nodes, containers, duration_s: float, seed: 
     )
 
 
-def identical_unachievable(seed: int | None = None) -> Scenario:
+def identical_unachievable(seed: int | None = None, profiles: Mapping[str, ModelProfile] | None = None) -> Scenario:
     return _scenario(
         "paper-identical-unachievable",
         "Fig. 2-3: 10 x ResNet-50, burst, identical unachievable objective 20 s",
-        [_node()], _resnets([20] * 10, [0] * 10), 900, seed,
+        [_node()], _resnets([20] * 10, [0] * 10), 900, seed, profiles=profiles,
     )
 
 
-def identical_achievable(seed: int | None = None) -> Scenario:
+def identical_achievable(seed: int | None = None, profiles: Mapping[str, ModelProfile] | None = None) -> Scenario:
     return _scenario(
         "paper-identical-achievable",
         "Fig. 4-5: 10 x ResNet-50, burst, identical achievable objective 40 s",
-        [_node()], _resnets([40] * 10, [0] * 10), 900, seed,
+        [_node()], _resnets([40] * 10, [0] * 10), 900, seed, profiles=profiles,
     )
 
 
-def varied(seed: int | None = None) -> Scenario:
+def varied(seed: int | None = None, profiles: Mapping[str, ModelProfile] | None = None) -> Scenario:
     return _scenario(
         "paper-varied",
         "Fig. 6-7: 10 x ResNet-50, burst, objectives 75,53,61,44,31,95,82,5,13,25 s",
-        [_node()], _resnets(list(PAPER_VARIED_OBJECTIVES_S), [0] * 10), 1200, seed,
+        [_node()], _resnets(list(PAPER_VARIED_OBJECTIVES_S), [0] * 10), 1200, seed, profiles=profiles,
     )
 
 
-def _random(name, desc, count, models, nodes, seed, window, every, duration):
+def _random(name, desc, count, models, nodes, seed, window, every, duration, profiles=None):
     seed = 1 if seed is None else seed
+    profiles = dict(profiles or BUILTIN_PROFILES)
     specs = generate_containers(
-        count, models, BUILTIN_PROFILES, nodes, seed,
+        count, models, profiles, nodes, seed,
         submit_window_s=window, submit_every_s=every, threads=PAPER_THREADS, rule=PAPER_RULE,
     )
-    return _scenario(name, desc, nodes, specs, duration, seed, PAPER_RULE.describe())
+    return _scenario(name, desc, nodes, specs, duration, seed, PAPER_RULE.describe(), profiles)
 
 
-def fixed_interval(seed: int | None = None) -> Scenario:
+def fixed_interval(seed: int | None = None, profiles: Mapping[str, ModelProfile] | None = None) -> Scenario:
     return _random(
         "paper-fixed-interval",
         "Fig. 8-9: 10 x ResNet-50, random objectives, one submission every 50 s",
-        10, ["resnet50"], [_node()], seed, (0.0, 450.0), 50.0, 1500,
+        10, ["resnet50"], [_node()], seed, (0.0, 450.0), 50.0, 1500, profiles,
     )
 
 
-def random_single_node(seed: int | None = None) -> Scenario:
+def random_single_node(seed: int | None = None, profiles: Mapping[str, ModelProfile] | None = None) -> Scenario:
     return _random(
         "paper-random-single-node",
         "Fig. 10-11: 10 mixed models, random objectives, submissions in [0, 300 s], one node",
-        10, list(PAPER_MIXED_MODELS), [_node()], seed, (0.0, 300.0), None, 1500,
+        10, list(PAPER_MIXED_MODELS), [_node()], seed, (0.0, 300.0), None, 1500, profiles,
     )
 
 
-def cluster_40(seed: int | None = None) -> Scenario:
+def cluster_40(seed: int | None = None, profiles: Mapping[str, ModelProfile] | None = None) -> Scenario:
     return _random(
         "paper-cluster-40",
         "Fig. 12-15: 40 mixed models on 4 workers, random objectives and submissions in [0, 300 s]",
         40, list(PAPER_MIXED_MODELS), [_node(f"worker-{i}") for i in range(1, 5)], seed,
-        (0.0, 300.0), None, 1500,
+        (0.0, 300.0), None, 1500, profiles,
     )
 
 
@@ -119,7 +121,7 @@ def cluster(nodes: int, seed: int | None = None, per_node: int = 10) -> Scenario
     )
 
 
-BUILTINS: dict[str, Callable[[int | None], Scenario]] = {
+BUILTINS: dict[str, Callable[..., Scenario]] = {
     "paper-identical-unachievable": identical_unachievable,
     "paper-identical-achievable": identical_achievable,
     "paper-varied": varied,
@@ -129,14 +131,22 @@ BUILTINS: dict[str, Callable[[int | None], Scenario]] = {
 }
 
 
-def load(name_or_path: str, seed: int | None = None) -> Scenario:
-    """A built-in by name, else a TOML/JSON scenario file."""
+def load(
+    name_or_path: str, seed: int | None = None, profiles: Mapping[str, ModelProfile] | None = None
+) -> Scenario:
+    """A built-in by name, else a TOML/JSON scenario file.
+
+    `profiles` (e.g. from `dqoes calibrate`) replace the built-in profiles of
+    the same names, for built-ins and files alike; a file's own `profiles`
+    and `models` still win.
+    """
     from shared.sim.scenario import ScenarioError, load_scenario_file
 
+    merged = {**BUILTIN_PROFILES, **(profiles or {})}
     if name_or_path in BUILTINS:
-        return BUILTINS[name_or_path](seed)
+        return BUILTINS[name_or_path](seed, profiles=merged)
     if name_or_path.endswith((".toml", ".json")) or "/" in name_or_path:
-        return load_scenario_file(name_or_path, seed)
+        return load_scenario_file(name_or_path, seed, base_profiles=merged)
     raise ScenarioError(
         f"scenario: unknown scenario {name_or_path!r} (built-ins: {', '.join(BUILTINS)}; or give a .toml/.json file)"
     )

@@ -184,20 +184,66 @@ def parse_profile(d: Mapping[str, Any], where: str) -> ModelProfile:
         raise ScenarioError(f"{where.rstrip('.')}: {e}") from None
 
 
+def parse_profiles(data: Mapping[str, Any], where: str = "") -> dict[str, ModelProfile]:
+    """The `models` of a profiles file (what `dqoes calibrate` writes), validated, by name.
+
+    A profiles file holds `models` (the same tables as a scenario's) and may
+    hold a `calibration` record and a `description`, which are not read here.
+    """
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{where}profiles: the document must be a table/object")
+    _check_keys(data, {"models", "calibration", "description"}, where)
+    models = data.get("models")
+    if not isinstance(models, list) or not models:
+        raise ScenarioError(f"{where}models: a profiles file needs a non-empty list of model tables")
+    out: dict[str, ModelProfile] = {}
+    for i, m in enumerate(models):
+        if not isinstance(m, Mapping):
+            raise ScenarioError(f"{where}models[{i}]: must be a table")
+        p = parse_profile(m, f"{where}models[{i}].")
+        out[p.name] = p
+    return out
+
+
+def _read_document(p: Path) -> Any:
+    try:
+        text = p.read_bytes()
+    except OSError as e:
+        raise ScenarioError(f"{p}: cannot read ({e.strerror})") from None
+    try:
+        if p.suffix.lower() == ".json":
+            return json.loads(text)
+        return tomllib.loads(text.decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        kind = "JSON" if p.suffix.lower() == ".json" else "TOML"
+        raise ScenarioError(f"{p}: not valid {kind}: {str(e).splitlines()[0]}") from None
+
+
+def load_profiles_file(path: str | Path) -> dict[str, ModelProfile]:
+    """Model profiles from a TOML/JSON profiles file (e.g. written by `dqoes calibrate --out`)."""
+    p = Path(path)
+    return parse_profiles(_read_document(p), f"{p}: ")
+
+
 def parse_scenario(
     data: Mapping[str, Any],
     *,
     seed: int | None = None,
     base_profiles: Mapping[str, ModelProfile] = BUILTIN_PROFILES,
     default_name: str = "scenario",
+    base_dir: str | Path | None = None,
 ) -> Scenario:
-    """Build and validate a scenario from a decoded TOML/JSON document."""
+    """Build and validate a scenario from a decoded TOML/JSON document.
+
+    Profiles: `base_profiles`, then those of the file named by `profiles`
+    (relative to `base_dir`), then the document's own `models`.
+    """
     if not isinstance(data, Mapping):
         raise ScenarioError("scenario: the document must be a table/object")
     _check_keys(
         data,
         {"name", "description", "duration_s", "noise_sigma", "seed", "controller", "nodes", "models",
-         "containers", "generate", "objective_rule"},
+         "containers", "generate", "objective_rule", "profiles"},
         "",
     )
     name = _str(data.get("name", default_name), "name")
@@ -208,6 +254,13 @@ def parse_scenario(
     controller = parse_controller(data.get("controller", {}))
 
     profiles: dict[str, ModelProfile] = dict(base_profiles)
+    if "profiles" in data:
+        ref = _str(data["profiles"], "profiles")
+        path = Path(ref) if base_dir is None else Path(base_dir) / ref
+        try:
+            profiles.update(load_profiles_file(path))
+        except ScenarioError as e:
+            raise ScenarioError(f"profiles: {e}") from None
     models = data.get("models", [])
     if not isinstance(models, list):
         raise ScenarioError("models: must be a list of model tables")
@@ -380,21 +433,12 @@ def generate_containers(
     return out
 
 
-def load_scenario_file(path: str | Path, seed: int | None = None) -> Scenario:
+def load_scenario_file(
+    path: str | Path, seed: int | None = None, base_profiles: Mapping[str, ModelProfile] = BUILTIN_PROFILES
+) -> Scenario:
     p = Path(path)
-    try:
-        text = p.read_bytes()
-    except OSError as e:
-        raise ScenarioError(f"{p}: cannot read ({e.strerror})") from None
-    try:
-        if p.suffix.lower() == ".json":
-            data = json.loads(text)
-        else:
-            data = tomllib.loads(text.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
-        kind = "JSON" if p.suffix.lower() == ".json" else "TOML"
-        raise ScenarioError(f"{p}: not valid {kind}: {str(e).splitlines()[0]}") from None
-    return parse_scenario(data, seed=seed, default_name=p.stem)
+    return parse_scenario(_read_document(p), seed=seed, default_name=p.stem, base_profiles=base_profiles,
+                          base_dir=p.parent)
 
 
 def with_seed(s: Scenario, seed: int) -> Scenario:

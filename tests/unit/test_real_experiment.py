@@ -1,0 +1,62 @@
+"""`dqoes experiment real` without Docker: the plan, the simulator's forecast, the rendering.
+
+The real run itself needs Docker, root and ~25 minutes; it is a recorded
+experiment (docs/results.md), not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+
+import pytest
+
+from services.cli import realexp
+from services.cli.main import main
+from shared.core.profiles import BUILTIN_PROFILES
+from shared.sim.calibration import LimitRun, ModelCalibration, fit_profile
+
+
+def resnet_profile():
+    runs = (LimitRun(None, (1.65,), (1.65,)), LimitRun(0.25, (16.4,), (4.1,)))
+    return fit_profile(ModelCalibration("resnet50", runs, threads=1, batch_images=10, resolution_px=224))
+
+
+def test_real_experiment_plan_and_forecast():
+    profiles = {**BUILTIN_PROFILES, "resnet50": resnet_profile()}
+    specs = realexp.plan_containers(5, ["resnet50", "mobilenetv2"], profiles, 2.0)
+    assert [c.model for c in specs] == ["resnet50", "mobilenetv2"] * 2 + ["resnet50"]
+    fastest = profiles["resnet50"].fastest_s(2.0)
+    assert specs[0].objective_s == pytest.approx(round(fastest * realexp.FACTORS[0], 2))
+    assert specs[0].objective_s < fastest  # the first is unachievable even alone
+    sc = realexp.sim_scenario(specs, profiles, 2.0, 300)
+    f = realexp.forecast(sc, "default")
+    assert set(f["final"]) == {c.name for c in specs}
+    # No limits: five one-thread containers share two cores.
+    assert sum(v["cpu_cores"] for v in f["final"].values()) == pytest.approx(2.0, abs=0.05)
+    assert f["satisfied_final"] <= f["oracle_satisfied"]
+    assert realexp.plan_containers(3, ["resnet50"], profiles, 2.0, [4, 6])[2].objective_s == 4.0
+
+
+def test_real_experiment_renders_a_summary(tmp_path, capsys):
+    profiles = {**BUILTIN_PROFILES, "resnet50": resnet_profile()}
+    specs = realexp.plan_containers(2, ["resnet50"], profiles, 2.0)
+    sc = realexp.sim_scenario(specs, profiles, 2.0, 200)
+    final = {c.name: {"latency_s": 3.0, "cls": "S", "limit": 0.25, "cpu_cores": 0.5} for c in specs}
+    real = {p: {"satisfied_final": 1, "meets_final": 2, "final_window_s": 20.0, "series": [[10, 0], [50, 1]],
+                "final": final, "loadavg_1m": {"min": 1, "median": 2, "max": 3}, "total_cpu_cores_final": 1.0}
+            for p in ("dqoes", "default")}
+    d = {"command": "dqoes experiment real", "started_at": "now", "image": "img", "cores": 2.0, "batch": 10,
+         "resolution_px": 224, "duration_s": 200, "profiles": "p.toml",
+         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s, "fastest_s": 1.0}
+                        for c in specs],
+         "real": real, "sim": {p: realexp.forecast(sc, p) for p in ("dqoes", "default")}}
+    src = tmp_path / "summary.json"
+    src.write_text(json.dumps(d))
+    md = tmp_path / "results.md"
+    md.write_text("# Results\n")
+    assert main(["experiment", "real", "--from", str(src), "--update", str(md), "--plot", str(tmp_path / "r.svg")]) == 0
+    text = md.read_text()
+    assert realexp.BEGIN in text and "| c01 | resnet50 |" in text
+    assert "| dqoes | 1 | 2 |" in text
+    ET.fromstring((tmp_path / "r.svg").read_text())

@@ -1,0 +1,74 @@
+"""`dqoes calibrate` for real: MobileNetV2 at a tiny size, in a real cgroup under a real quota.
+
+Needs torch, root and a writable cgroup filesystem. Without them it is
+skipped with the reason, unless DQOES_REQUIRE_CGROUP=1 (then it fails).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.runtime import cgroupfs
+from shared.sim.calibration import calibrations_from_document
+from shared.sim.scenario import load_profiles_file
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def need(reason: str) -> None:
+    if os.environ.get("DQOES_REQUIRE_CGROUP") == "1":
+        pytest.fail(f"{reason} (and DQOES_REQUIRE_CGROUP=1)")
+    pytest.skip(f"{reason}; set DQOES_REQUIRE_CGROUP=1 to make this a failure")
+
+
+@pytest.fixture
+def cgroup_root() -> Path:
+    if importlib.util.find_spec("torch") is None:
+        need("torch is not installed")
+    if os.geteuid() != 0:
+        need("not root: cannot create cgroups")
+    try:
+        cgroupfs.detect_layout(cgroupfs.DEFAULT_ROOT)
+    except OSError as e:
+        need(f"no cgroup cpu controller: {e}")
+    return cgroupfs.DEFAULT_ROOT
+
+
+def test_calibrate_measures_mobilenetv2_under_a_quota(tmp_path: Path, cgroup_root: Path):
+    out = tmp_path / "profiles.toml"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.cli", "calibrate", "--models", "mobilenetv2", "--limits", "0.25",
+         "--batch-size", "2", "--resolution", "64", "--batches", "2", "--warmup", "1", "--out", str(out), "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    assert "[2/2] mobilenetv2 under 0.25 cores" in stderr  # progress, on stderr
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert [r["limit_cores"] for r in summary["table"]["mobilenetv2"]] == [None, 0.25]
+
+    profiles = load_profiles_file(out)
+    p = profiles["mobilenetv2"]
+    assert p.work_cpu_s > 0 and (p.batch_images, p.resolution_px, p.threads) == (2, 64, 1)
+    assert profiles["nasnetmobile"].work_cpu_s == p.work_cpu_s
+
+    import tomllib
+
+    (cal,) = calibrations_from_document(tomllib.loads(out.read_text()))
+    free, limited = cal.runs
+    assert free.limit_cores is None and limited.limit_cores == 0.25
+    for r in cal.runs:
+        assert len(r.cpu_s) == 2 and len(r.warmup_cpu_s) == 1 and all(c > 0 for c in r.cpu_s)
+        assert r.wall_s is not None and r.total_cpu_s is not None and r.total_cpu_s > 0.5  # torch start-up
+    # The quota held: the group used at most a quarter core (plus one period's slack) over its life.
+    assert limited.total_cpu_s <= 0.25 * limited.wall_s + 0.15
+    # Leaves no cgroup behind.
+    group = cgroupfs.group_at(cgroup_root, f"dqoes-calibrate-{proc.pid}")
+    assert not any(d.exists() for d in group.dirs())
