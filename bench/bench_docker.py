@@ -24,7 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
-from bench.common import median, pct, report
+from bench.common import cpu_seconds, median, pct, report
 from shared import subjects
 from shared.bus import Bus
 from shared.natsd import NatsServer
@@ -86,11 +86,6 @@ async def limit_to_cgroup(client, name: str, node: str, samples: int) -> list[fl
     finally:
         await rt.close()
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def worker_rounds(url: str, names: list[str], node: str, span_s: float) -> tuple[float, int, int, float]:

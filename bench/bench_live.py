@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import median, pct, report
+from bench.common import cpu_seconds, median, pct, report
 from services.worker.app import WorkerConfig, build, serve
 from shared import schema, subjects
 from shared.bus import Bus
@@ -126,11 +126,6 @@ async def reaction(url: str, d: Path, samples: int) -> list[float]:
     await task
     await client.close()
     return out
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def worker_cpu(url: str, d: Path, warm_s: float, span_s: float) -> float:

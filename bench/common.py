@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def time_it(fn: Callable[[], object], repeat: int, warmup: int = 1) -> list[float]:
@@ -39,3 +41,9 @@ def report(label: str, value: float, unit: str, goal: float | None = None, lower
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) a process has used, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
