@@ -312,7 +312,7 @@ def render_markdown(d: dict[str, Any], plot_rel: str | None) -> str:
                  f"plateau = lower median over the final {d['real'][next(iter(d['real']))]['final_window_s']:.0f} s), "
                  "and those at or under their objective's band (S or G):")
     lines.append("")
-    lines.append("| policy | real |S| | real S or G | simulator |S| | oracle bound | our containers' CPU at the end "
+    lines.append("| policy | real: in S | real: S or G | simulator: in S | oracle bound | our containers' CPU at the end "
                  "(cores) | other processes' CPU, mean (cores) | load avg 1 min (min / median / max) |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for p, r in d["real"].items():
@@ -362,7 +362,8 @@ def render_plot(d: dict[str, Any]) -> str:
                       series, y_min=0, y_max=len(names)),
         svgplot.Panel("Final CPU split", "container", "cores (mean, final window)", bars=bars,
                       bar_categories=[f"{c['name']} {c['model'][:6]} {c['objective_s']:g}s" for c in d["containers"]],
-                      y_min=0),
+                      y_min=0, bar_colors={"dqoes real": colors["dqoes"], "dqoes sim": "#9ecae1",
+                                           "default real": colors["default"], "default sim": "#fcae91"}),
     ], caption=f"dqoes experiment real: {len(names)} containers on {d['cores']:g} cores; dashed: the simulator's forecast")
 
 

@@ -43,6 +43,7 @@ class Panel:
     bars: dict[str, list[float]] | None = None
     """Grouped bars: {group name: one value per category}; categories in `bar_categories`."""
     bar_categories: Sequence[str] = ()
+    bar_colors: dict[str, str] | None = None
 
 
 def _nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -141,7 +142,7 @@ def _panel_svg(p: Panel, x0: float, y0: float, w: float, h: float) -> list[str]:
         slot = pw / max(1, n_cat)
         bw = slot * 0.8 / max(1, len(groups))
         for gi, g in enumerate(groups):
-            color = PALETTE[gi % len(PALETTE)]
+            color = (p.bar_colors or {}).get(g) or PALETTE[gi % len(PALETTE)]
             legend.append((g, color, False))
             for ci, v in enumerate(p.bars[g]):
                 x = px0 + ci * slot + slot * 0.1 + gi * bw

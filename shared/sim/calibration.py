@@ -15,7 +15,7 @@ The fit, per model, with T intra-op threads:
 - the efficiency multiplier at a limit L < T is median CPU-seconds at L over
   `work_cpu_s`, floored at 1 and made non-increasing in L (a quota can only
   add cost: a noisy point may not make a smaller quota look cheaper), with a
-  last point at L = T where the quota stops biting;
+  last point (T, 1) where the quota stops biting;
 - `overhead_s` is 0: wall time beyond CPU / T in an unthrottled batch is
   waiting for a CPU that other processes hold (the simulator's fair share
   models that) or imperfect parallelism, not a cost of the model; the
@@ -148,10 +148,10 @@ class ModelCalibration:
 
 def efficiency_curve(cal: ModelCalibration, work_cpu_s: float) -> tuple[tuple[float, float], ...]:
     """(limit_cores, multiplier) points for limits below the thread count, ending at (threads, m)."""
+    # At `threads` cores and above the quota does not throttle: multiplier 1 by definition.
     raw = [(r.limit_cores, max(1.0, r.median_cpu_s / work_cpu_s)) for r in cal.limited()
-           if r.limit_cores is not None and r.limit_cores <= cal.threads]
-    if not any(abs(lim - cal.threads) < 1e-9 for lim, _ in raw):
-        raw.append((float(cal.threads), 1.0))
+           if r.limit_cores is not None and r.limit_cores < cal.threads]
+    raw.append((float(cal.threads), 1.0))
     raw.sort()
     # Non-increasing in the limit: walk from the largest limit down, keeping the running max.
     out: list[tuple[float, float]] = []

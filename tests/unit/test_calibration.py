@@ -54,7 +54,7 @@ def test_fit_takes_work_from_the_unthrottled_runs_and_the_curve_from_cpu_ratios(
     assert p.threads == 1
     assert p.overhead_s == 0.0  # 1.75 s wall for 1.65 CPU-s is waiting for the CPU, not the model's cost
     assert p.warmup_factor == pytest.approx(2.65 / 1.65, rel=1e-3)  # median of the warm-up batches
-    assert dict(p.efficiency) == pytest.approx({0.25: 4.1 / 1.65, 0.5: 2.05 / 1.65, 1.0: 1.68 / 1.65}, rel=1e-3)
+    assert dict(p.efficiency) == pytest.approx({0.25: 4.1 / 1.65, 0.5: 2.05 / 1.65, 1.0: 1.0}, rel=1e-3)
     # The simulator then predicts what was measured: 4.1 CPU-s at 0.25 core is 16.4 s.
     assert p.latency_s(0.25, 2.0) == pytest.approx(4.1 / 0.25, rel=1e-3)
     assert p.latency_s(None, 2.0) == pytest.approx(1.65)
