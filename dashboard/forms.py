@@ -1,0 +1,131 @@
+"""The objective form's checks: text typed by a person -> a target request, or a clear reason.
+
+Why here and not only in the manager: a form that sends whatever was typed
+shows people the manager's wording for mistakes the page could have caught,
+and puts invalid requests on the bus. These checks are the manager's own
+(`shared.schema.TargetRequest`), applied before anything is sent, with
+messages that name the form's fields.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared import subjects
+from shared.schema import MAX_OBJECTIVE_S, SchemaError, TargetRequest
+
+
+@dataclass(frozen=True)
+class FormResult:
+    """Either `body` (the JSON object to send) or `error` (what to fix), never both."""
+
+    body: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.body is not None
+
+
+def _number(text: str, field: str) -> tuple[float | None, str | None]:
+    raw = text.strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        return None, f"{field}: {raw!r} is not a number"
+    if not math.isfinite(value):
+        return None, f"{field}: must be a finite number, got {raw!r}"
+    return value, None
+
+
+def validate_target(
+    container: str | None, objective: str | None, alpha: str | None = ""
+) -> FormResult:
+    """Check the form's three fields as typed; the request body or one message naming the field.
+
+    container: a container name or id (no whitespace, '*', '>' or '~').
+    objective: seconds per batch, a number > 0 and at most a day (86400).
+    alpha: optional tolerance band, a number strictly between 0 and 1.
+    """
+    name = (container or "").strip()
+    if not name:
+        return FormResult(error="container: required (the container's name or id)")
+    try:
+        subjects.validate_id(name, "container")
+    except ValueError as e:
+        return FormResult(error=str(e))
+    if not (objective or "").strip():
+        return FormResult(error="objective: required (seconds per batch, e.g. 30)")
+    objective_s, err = _number(objective or "", "objective")
+    if err:
+        return FormResult(error=f"{err} (seconds per batch, e.g. 30)")
+    assert objective_s is not None
+    if objective_s <= 0:
+        return FormResult(
+            error=f"objective: must be more than 0 seconds per batch, got {objective_s:g}"
+        )
+    if objective_s > MAX_OBJECTIVE_S:
+        return FormResult(
+            error=f"objective: must be at most {MAX_OBJECTIVE_S:g} seconds per batch "
+            f"(a day), got {objective_s:g}"
+        )
+    alpha_value: float | None = None
+    if (alpha or "").strip():
+        alpha_value, err = _number(alpha or "", "alpha")
+        if err:
+            return FormResult(error=f"{err} (leave it empty for the node's default)")
+        assert alpha_value is not None
+        if not 0 < alpha_value < 1:
+            return FormResult(error=f"alpha: must be strictly between 0 and 1, got {alpha_value:g}")
+    try:  # the manager's own checks, so nothing it would refuse is sent
+        req = TargetRequest(container=name, objective_s=objective_s, alpha=alpha_value)
+    except SchemaError as e:
+        return FormResult(error=str(e))
+    body: dict[str, Any] = {"container": req.container, "objective": req.objective_s}
+    if req.alpha is not None:
+        body["alpha"] = req.alpha
+    return FormResult(body=body)
+
+
+def describe_reply(reply: dict[str, Any]) -> str:
+    """One line for a target reply: what was stored, or why it was refused."""
+    if not reply.get("ok"):
+        return f"refused: {reply.get('error', 'no reason given')}"
+    node = reply.get("node") or "no node yet"
+    state = "running" if reply.get("running") else "expected"
+    objective = reply.get("objective_s")
+    shown = f"{objective:g}" if isinstance(objective, int | float) else str(objective)
+    text = f"objective for {reply.get('container')}: {shown} s a batch ({state} on {node}"
+    if reply.get("revision") is not None:
+        text += f", revision {reply['revision']}"
+    return text + ")"
+
+
+def not_sent(error: str) -> dict[str, Any]:
+    """A reply for a request that never reached a manager (the page shows `error` as it is)."""
+    return {"ok": False, "error": error, "answered": False}
+
+
+def submit(
+    container: str | None,
+    objective: str | None,
+    alpha: str | None,
+    to: Sequence[str],
+    send: Callable[[str, dict[str, Any]], dict[str, Any]] | None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """What pressing "Set objective" does: (stack label, reply) for each stack in `to`.
+
+    The fields are checked first; a bad field, or no cluster to send to,
+    sends nothing and gives one reply labelled "" that says why.
+    `send(label, body)` is `Collector.request_target`.
+    """
+    checked = validate_target(container, objective, alpha)
+    if not checked.ok:
+        return [("", not_sent(f"{checked.error} (nothing was sent)"))]
+    if send is None or not to:
+        return [("", not_sent("no cluster to send to: nothing was sent"))]
+    assert checked.body is not None
+    return [(label, send(label, checked.body)) for label in to]
