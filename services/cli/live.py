@@ -1,8 +1,9 @@
 """`dqoes up | status | target | watch`: run a deployment and talk to a running one.
 
 `dqoes up` starts a private nats-server (JetStream), the manager and one
-worker per node of a scenario, prints how to reach it and stops everything
-cleanly on Ctrl-C. The other commands speak the public contract only
+worker per node of a scenario, and the web dashboard following them
+(`dashboard.launch`; --no-dashboard leaves it out), prints how to reach them
+and stops everything cleanly on Ctrl-C. The other commands speak the public contract only
 (`dqoes.targets`, `dqoes.cluster.*`), so they work against any deployment:
 `dqoes up`, compose or Swarm. The NATS URL comes from --nats, else
 $DQOES_NATS_URL, else the last `dqoes up` on this machine, else localhost.
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -23,6 +25,8 @@ from typing import Any
 
 import orjson
 
+from dashboard import launch
+from dashboard.config import DEFAULT_RUNS_DIR
 from services.cli.experiment import CliError, emit_json
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
@@ -146,6 +150,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         for p in policies
     ]
     stopped = False
+    board: subprocess.Popen[bytes] | None = None
     try:
         start_at = time.time() + 2.0 + 0.5 * len(stacks) * (len(scenario.nodes) + 1)
         for s in stacks:  # one scenario clock for both stacks of a twin run
@@ -158,6 +163,8 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"  {s.name:<8} NATS {s.url}   logs and JetStream data: {s.run_dir}")
             u = stacks[0].url
             print(f"  try:  dqoes status --nats {u}   |   dqoes target set {scenario.containers[0].name} 30 --nats {u}")
+        board = start_dashboard(stacks, args)
+        if not args.json:
             print("  Ctrl-C stops everything.", flush=True)
         until = scenario.duration_s if args.duration is None else args.duration
         until = None if args.forever else until
@@ -191,10 +198,32 @@ def cmd_up(args: argparse.Namespace) -> int:
                 print(f"  DQoES / default Swarm: {result['ratio_dqoes_to_default']}x")
         return 0
     finally:
+        if board is not None:
+            launch.stop(board)
         for s in stacks:
             s.stop()
         with contextlib.suppress(OSError):
             (state_dir() / "up.json").unlink()
+
+
+def start_dashboard(stacks: list[Stack], args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
+    """The dashboard following `stacks` (labelled by policy); prints `  dashboard: URL`.
+
+    With --json the line goes to stderr, so stdout's last line stays the
+    summary. A dashboard that cannot start is a warning, not a failed run.
+    """
+    if args.no_dashboard:
+        return None
+    out = sys.stderr if args.json else sys.stdout
+    try:
+        proc, url = launch.start([(s.name, s.url) for s in stacks], port=args.dashboard_port,
+                                 runs_dir=args.runs or DEFAULT_RUNS_DIR,
+                                 log_path=str(stacks[0].run_dir / "dashboard.log"))
+    except launch.LaunchError as e:
+        print(f"  dashboard: not started: {e}", file=out, flush=True)
+        return None
+    print(f"  dashboard: {url}", file=out, flush=True)
+    return proc
 
 
 def _with_nodes(scenario: Any, nodes: int, seed: int) -> Any:
@@ -338,6 +367,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--forever", action="store_true", help="keep running until Ctrl-C")
     p.add_argument("--run-dir", help="where logs, the scenario and JetStream data go (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")
+    p.add_argument("--no-dashboard", action="store_true", help="do not start the web dashboard")
+    p.add_argument("--dashboard-port", type=int, help="port of the web dashboard (default: a free one)")
+    p.add_argument("--runs", metavar="DIR",
+                   help=f"folder of timeline files the dashboard lists (default: ./{DEFAULT_RUNS_DIR})")
     p.set_defaults(func=cmd_up)
 
     p = sub.add_parser("status", help="the cluster summary (satisfied per node, G/S/B, Q values)")

@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from services.cli import calibrate, experiment, live
+from services.cli import dashboard as dashboard_cli
 from shared.sim.scenario import ScenarioError
 
 
@@ -22,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     experiment.add_parser(sub)
     live.add_parsers(sub)
+    dashboard_cli.add_parsers(sub)
     calibrate.add_parsers(sub)
     return parser
 

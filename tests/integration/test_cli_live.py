@@ -31,7 +31,7 @@ def last_json(out: str) -> dict:
 
 def test_up_runs_a_scenario_and_reports_like_the_simulator(tmp_path):
     r = dqoes("up", "--scenario", "paper-varied", "--time-scale", "60", "--duration", "600", "--json",
-              "--run-dir", str(tmp_path / "run"), timeout=180, env=tmp_path)
+              "--no-dashboard", "--run-dir", str(tmp_path / "run"), timeout=180, env=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     res = last_json(r.stdout)
     assert res["scenario"] == "paper-varied" and res["interrupted"] is False

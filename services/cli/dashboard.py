@@ -1,0 +1,222 @@
+"""`dqoes dashboard` and `dqoes record`: look at clusters and runs in a browser; record a live run.
+
+`dqoes dashboard` starts the Streamlit dashboard (`dashboard.launch`) on a
+free port, prints its address and runs until Ctrl-C. It follows the clusters
+given with --nats/--source, else both stacks of the last `dqoes up` on this
+machine, else $DQOES_NATS_URL, else localhost; with no cluster answering it
+says so and shows recorded runs only. `dqoes record` writes a live cluster's
+node states as a timeline file that the dashboard's recorded view opens.
+`dqoes up` starts the same dashboard next to its stacks
+(`services.cli.live`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from dashboard import launch
+from dashboard.config import DEFAULT_RUNS_DIR, parse_source
+from services.cli.experiment import CliError, emit_json
+from services.cli.live import resolve_url, state_dir
+from shared.bus import BusError
+from shared.settings import DEFAULT_NATS_URL
+
+
+def default_sources() -> list[tuple[str, str]]:
+    """Both stacks of a running `dqoes up` (labelled by policy), else $DQOES_NATS_URL, else localhost."""
+    try:
+        info = orjson.loads((state_dir() / "up.json").read_bytes())
+        pid = int(info.get("pid") or 0)
+        if pid:
+            os.kill(pid, 0)
+            stacks = [(str(s["name"]), str(s["nats_url"])) for s in info["stacks"]]
+            if stacks:
+                return stacks
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return [("live", os.environ.get("DQOES_NATS_URL") or DEFAULT_NATS_URL)]
+
+
+def sources_from(args: argparse.Namespace) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    try:
+        for i, text in enumerate(args.source or []):
+            out.append(parse_source(text, i))
+    except ValueError as e:
+        raise CliError(f"--source: {e}") from None
+    for url in args.nats or []:
+        label = "live" if not out and len(args.nats) == 1 else f"live-{len(out) + 1}"
+        out.append((label, url))
+    if not out:
+        out = default_sources()
+    labels = [label for label, _ in out]
+    if len(set(labels)) != len(labels):
+        raise CliError(
+            f"cluster labels must be unique, got {', '.join(labels)} (use --source LABEL=URL)"
+        )
+    return out
+
+
+def _wait_forever(proc: subprocess.Popen[bytes]) -> None:
+    stop = {"now": False}
+
+    def on_signal(*_: object) -> None:
+        stop["now"] = True
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop["now"] and proc.poll() is None:
+            time.sleep(0.2)
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    sources = [] if args.no_live else sources_from(args)
+    runs = args.runs or DEFAULT_RUNS_DIR
+    log_path = args.log or str(
+        Path(os.environ.get("TMPDIR", "/tmp")) / f"dqoes-dashboard-{os.getpid()}.log"
+    )
+    try:
+        proc, url = launch.start(
+            sources, port=args.port, runs_dir=runs, log_path=log_path, address=args.address
+        )
+    except launch.LaunchError as e:
+        raise CliError(str(e)) from None
+    from dashboard.live import probe  # pandas and the bus: only for this command
+
+    try:
+        missing = [(label, u) for label, u in sources if probe(u) is not None]
+        if args.json:
+            emit_json(
+                {
+                    "url": url,
+                    "pid": proc.pid,
+                    "sources": [{"label": lb, "nats_url": u} for lb, u in sources],
+                    "unreachable": [u for _, u in missing],
+                    "runs": runs,
+                    "log": log_path,
+                }
+            )
+        else:
+            print(f"DQoES dashboard at {url}", flush=True)
+            for label, u in sources:
+                state = (
+                    "no cluster answers (the page shows recorded runs only and keeps trying)"
+                    if (label, u) in missing
+                    else "following"
+                )
+                print(f"  {label:<8} {u}   {state}")
+            if not sources:
+                print("  no cluster: recorded runs only")
+            print(f"  recorded runs from {runs}/   log: {log_path}")
+            print("  Ctrl-C stops it.", flush=True)
+        _wait_forever(proc)
+        if proc.poll() is not None and proc.returncode not in (0, -signal.SIGTERM):
+            raise CliError(
+                f"the dashboard exited with status {proc.returncode}; its log: {log_path}"
+            )
+    finally:
+        launch.stop(proc)
+    return 0
+
+
+def cmd_record(args: argparse.Namespace) -> int:
+    if args.duration is not None and not args.duration > 0:
+        raise CliError(f"--duration: must be more than 0 seconds, got {args.duration:g}")
+    from dashboard.record import record  # pandas and the bus: only for this command
+
+    url = resolve_url(args.nats)
+    stop = asyncio.Event()
+
+    async def go() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        return await record(url, args.out, duration_s=args.duration, stop=stop, label=args.label)
+
+    if not args.json:
+        until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
+        print(f"recording {url} into {args.out} {until}", flush=True)
+    try:
+        result = asyncio.run(go())
+    except BusError as e:
+        raise CliError(f"{e} (is a deployment running? try `dqoes up`)") from None
+    if args.json:
+        emit_json({**result, "out": str(args.out)})
+    else:
+        print(
+            f"recorded {result['states']} node states over {result['recorded_s']:.0f} s: "
+            f"{result['satisfied_final']} of {result['containers']} satisfied "
+            f"(plateau of the last {result['final_window_s']:.0f} s); open it with "
+            f"`dqoes dashboard --runs {Path(args.out).parent}`"
+        )
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "dashboard",
+        help="the web dashboard: live clusters side by side, recorded runs, objectives",
+        description="Start the Streamlit dashboard and print its address. It follows the clusters "
+        "given (default: both stacks of the last `dqoes up`, else $DQOES_NATS_URL, else localhost) "
+        "and shows timeline files from --runs; with no cluster answering it shows recorded runs only.",
+    )
+    p.add_argument(
+        "--nats",
+        action="append",
+        metavar="URL",
+        help="NATS URL of a cluster to follow (repeatable)",
+    )
+    p.add_argument(
+        "--source",
+        action="append",
+        metavar="LABEL=URL",
+        help="a cluster with its label, e.g. dqoes=nats://127.0.0.1:4222 (repeatable)",
+    )
+    p.add_argument("--no-live", action="store_true", help="recorded runs only; follow no cluster")
+    p.add_argument(
+        "--runs", metavar="DIR", help=f"folder of timeline files (default: ./{DEFAULT_RUNS_DIR})"
+    )
+    p.add_argument("--port", type=int, help="port to serve on (default: a free one)")
+    p.add_argument(
+        "--address",
+        default="127.0.0.1",
+        help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface)",
+    )
+    p.add_argument("--log", metavar="FILE", help="the dashboard's log file (default: in $TMPDIR)")
+    p.add_argument(
+        "--json", action="store_true", help="print {url, pid, sources, ...} as one JSON line"
+    )
+    p.set_defaults(func=cmd_dashboard)
+
+    p = sub.add_parser(
+        "record",
+        help="record a live cluster as a timeline file (opens in the dashboard)",
+        description="Write every node state of a running cluster as timeline JSON lines "
+        "(the format of `dqoes experiment run --out`), until --duration or Ctrl-C.",
+    )
+    p.add_argument(
+        "--nats", help="NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)"
+    )
+    p.add_argument(
+        "--out", required=True, metavar="FILE", help="the timeline file to write (.jsonl)"
+    )
+    p.add_argument(
+        "--duration", type=float, metavar="S", help="stop after S wall seconds (default: Ctrl-C)"
+    )
+    p.add_argument("--label", default="live", help="name of the run in the file (default: live)")
+    p.add_argument("--json", action="store_true", help="last line of stdout: the result as JSON")
+    p.set_defaults(func=cmd_record)

@@ -1,0 +1,117 @@
+"""`dqoes dashboard` and the dashboard `dqoes up` starts: real processes, a real Streamlit server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from dashboard.launch import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = REPO / "tests" / "e2e" / "small-cluster.json"
+
+
+def spawn(*args: str, state_dir: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DQOES_STATE_DIR": str(state_dir)}
+    env.pop("DQOES_NATS_URL", None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "services.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env=env,
+    )
+
+
+def read_until(proc: subprocess.Popen[str], done, timeout_s: float = 60.0) -> list[str]:
+    """stdout lines until done(line) (the process must not exit first)."""
+    lines: list[str] = []
+    t_end = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    while time.monotonic() < t_end:
+        line = proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"exited ({proc.wait()}): {lines} {proc.stderr.read()}")
+        lines.append(line.rstrip("\n"))
+        if done(lines[-1]):
+            return lines
+    raise AssertionError(f"no end line within {timeout_s:g} s: {lines}")
+
+
+def health(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+            return r.read().decode()
+    except OSError:
+        return None
+
+
+def stop(proc: subprocess.Popen[str], sig: int = signal.SIGINT) -> tuple[int, str]:
+    """Signal the process, wait for it; (exit status, its stderr). Its pipes are closed."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    try:
+        _, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    return proc.returncode, err
+
+
+def test_dashboard_with_no_cluster_says_recorded_runs_only(tmp_path):
+    port = free_port()
+    proc = spawn("dashboard", "--nats", "nats://127.0.0.1:9", "--runs", str(tmp_path),
+                 "--port", str(port), "--log", str(tmp_path / "d.log"), state_dir=tmp_path)
+    try:
+        lines = read_until(proc, lambda x: "Ctrl-C stops it." in x)
+        url = f"http://127.0.0.1:{port}"
+        assert lines[0] == f"DQoES dashboard at {url}"
+        assert lines[1].split()[:2] == ["live", "nats://127.0.0.1:9"]
+        assert "no cluster answers (the page shows recorded runs only and keeps trying)" in lines[1]
+        assert f"recorded runs from {tmp_path}/" in lines[2]
+        assert health(url) == "ok"
+    finally:
+        code, err = stop(proc)
+    assert code == 0, err
+    assert health(url) is None  # the server went with it
+
+
+def test_dashboard_json_names_its_address(tmp_path):
+    proc = spawn("dashboard", "--no-live", "--runs", str(tmp_path), "--json", state_dir=tmp_path)
+    try:
+        (line,) = read_until(proc, lambda x: x.startswith("{"))
+        info = json.loads(line)
+        assert info["sources"] == [] and info["unreachable"] == [] and info["runs"] == str(tmp_path)
+        assert info["url"].startswith("http://127.0.0.1:") and health(info["url"]) == "ok"
+    finally:
+        code, err = stop(proc, signal.SIGTERM)
+    assert code == 0, err
+    assert health(info["url"]) is None
+
+
+@pytest.mark.integration
+def test_up_starts_the_dashboard_prints_its_address_and_stops_it(tmp_path):
+    proc = spawn("up", "--scenario", str(SMALL), "--time-scale", "60", "--duration", "60",
+                 "--run-dir", str(tmp_path / "run"), "--runs", str(tmp_path), state_dir=tmp_path)
+    try:
+        lines = read_until(proc, lambda x: "dashboard:" in x)
+        url = lines[-1].split("dashboard:")[1].strip()
+        assert url.startswith("http://127.0.0.1:")
+        assert health(url) == "ok"
+        out, err = proc.communicate(timeout=60)
+    finally:
+        stop(proc)
+    assert proc.returncode == 0, err
+    assert "final (plateau of the last" in out
+    assert health(url) is None
+    assert (tmp_path / "run" / "dqoes" / "dashboard.log").exists()
