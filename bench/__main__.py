@@ -12,6 +12,7 @@ SUITES = {
     "core": "bench.bench_core",
     "live": "bench.bench_live",
     "docker": "bench.bench_docker",
+    "dashboard": "bench.bench_dashboard",
 }
 
 
