@@ -138,14 +138,46 @@ async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, ev
 # -- commands -------------------------------------------------------------------------
 
 
+INFERENCE_MODELS = ("resnet50", "vgg16", "mobilenetv2", "nasnetmobile", "inceptionv3", "xception")
+"""What `services.inference --model` runs (nasnetmobile is its MobileNetV2 stand-in)."""
+
+
+def cgroup_up_problem(scenario: Any, *, twin: bool, policy: str, euid: int, has_torch: bool) -> str | None:
+    """Why `dqoes up --runtime cgroup` cannot run this, or None."""
+    if euid != 0:
+        return "--runtime cgroup starts real inference processes in cgroups and needs root (run it with sudo)"
+    if not has_torch:
+        return "--runtime cgroup runs real torch models: install them with pip install '.[workloads]'"
+    if twin:
+        return ("--runtime cgroup cannot --twin: both stacks would share this machine's cores; "
+                "run DQoES and --policy default one after the other")
+    if policy == "oracle":
+        return "--policy oracle needs every container's latency curve: only with --runtime sim"
+    unknown = sorted({c.model for c in scenario.containers} - set(INFERENCE_MODELS))
+    if unknown:
+        return f"--runtime cgroup: no real model for {', '.join(unknown)} (have: {', '.join(INFERENCE_MODELS)})"
+    return None
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     scenario = load(args.scenario, args.seed)
     if args.nodes is not None:
         scenario = _with_nodes(scenario, args.nodes, args.seed)
+    if args.runtime == "cgroup":
+        import importlib.util
+
+        problem = cgroup_up_problem(scenario, twin=args.twin, policy=args.policy, euid=os.geteuid(),
+                                    has_torch=importlib.util.find_spec("torch") is not None)
+        if problem:
+            raise CliError(problem)
+        args.time_scale = 1.0  # real processes run in real time
+    if args.batch < 1 or (args.resolution is not None and args.resolution < 32):
+        raise CliError("--batch must be >= 1 and --resolution >= 32 pixels")
     policies = ["dqoes", "default"] if args.twin else [args.policy]
     run_root = Path(args.run_dir) if args.run_dir else None
     stacks = [
-        Stack(StackSpec(scenario, policy=p, seed=args.seed, time_scale=args.time_scale, label=p),
+        Stack(StackSpec(scenario, policy=p, seed=args.seed, time_scale=args.time_scale, label=p,
+                        runtime=args.runtime, workload_batch=args.batch, workload_resolution=args.resolution),
               run_dir=(run_root / p) if run_root else None)
         for p in policies
     ]
@@ -363,6 +395,11 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--twin", action="store_true", help="DQoES and default Swarm side by side, same workload and seed")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--time-scale", type=float, default=10.0, help="scenario seconds per wall second (default 10)")
+    p.add_argument("--runtime", choices=("sim", "cgroup"), default="sim",
+                   help="sim: simulated containers (default); cgroup: real torch inference processes in cgroups "
+                   "on this machine (root; pip install '.[workloads]'; real time)")
+    p.add_argument("--batch", type=int, default=100, help="--runtime cgroup: images a batch (default 100)")
+    p.add_argument("--resolution", type=int, help="--runtime cgroup: image side in pixels (default: the model's)")
     p.add_argument("--duration", type=float, help="stop after this many scenario seconds (default: the scenario's)")
     p.add_argument("--forever", action="store_true", help="keep running until Ctrl-C")
     p.add_argument("--run-dir", help="where logs, the scenario and JetStream data go (default: a temp dir)")
