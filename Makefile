@@ -4,14 +4,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench results images clean help
+.PHONY: setup demo test lint bench results images screenshot compose-demo swarm-demo clean help
 
 help:
 	@echo "make demo     run the main job (see README)"
 	@echo "make test     set up and run the test suite"
 	@echo "make bench    run the benchmarks and print figures"
 	@echo "make results  regenerate the generated tables in docs/results.md"
+	@echo "make compose-demo  the cluster demo on Docker Compose (docs/compose.md)"
+	@echo "make swarm-demo    the same on a single-node Docker Swarm stack"
 	@echo "make images   start a Docker engine if needed and build the images (no registry)"
+	@echo "make screenshot  regenerate docs/img/dashboard.png (the dashboard in headless Chromium)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,10 +41,22 @@ bench: setup
 results: setup
 	$(BIN)/dqoes experiment report --seeds 1-5 --update docs/results.md
 
+# The README's picture of the dashboard: the browser test of the recorded DQoES-vs-default
+# comparison, run in Debian's Chromium (apt-get install -y chromium), saves its screenshot there.
+screenshot: setup
+	DQOES_REQUIRE_BROWSER=1 DQOES_SCREENSHOT=docs/img/dashboard.png \
+		$(BIN)/python -m pytest -q -p no:cacheprovider tests/e2e/test_dashboard_browser.py -k comparison
+
 # Root: installs and starts dockerd when missing (see .ci/install-docker.sh).
 images: setup
 	bash .ci/install-docker.sh
 	bash compose/images/build.sh
+
+compose-demo: setup images
+	bash compose/demo.sh
+
+swarm-demo: setup images
+	bash compose/swarm-demo.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info
