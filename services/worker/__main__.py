@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import socket
 import sys
 
@@ -32,6 +33,14 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     flag(ap, "--state-interval", "DQOES_STATE_INTERVAL_S", 2.0, type=float, help="publish node state every N wall seconds")
     flag(ap, "--cgroup-root", "DQOES_CGROUP_ROOT", "/sys/fs/cgroup", help="docker/cgroup: the cgroup filesystem")
     flag(ap, "--docker-url", "DQOES_DOCKER_URL", None, help="docker: engine URL (default: the environment's)")
+    ap.add_argument("--require-node-label", action="store_true",
+                    default=os.environ.get("DQOES_REQUIRE_NODE_LABEL", "").lower() in ("1", "true", "yes"),
+                    help="docker: manage only containers labelled dqoes.node=<this node>, not unlabelled ones "
+                    "(for several logical nodes on one engine) [env DQOES_REQUIRE_NODE_LABEL=1]")
+    flag(ap, "--workload-batch", "DQOES_WORKLOAD_BATCH", 100, type=int,
+         help="cgroup runtime with --scenario: images a batch of each inference process")
+    flag(ap, "--workload-resolution", "DQOES_WORKLOAD_RESOLUTION", None, type=int,
+         help="cgroup runtime with --scenario: image side in pixels (default: the model's)")
     a = ap.parse_args(argv)
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")
@@ -43,7 +52,9 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         nats_url=a.nats, node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
         seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
         initial_interval_s=a.interval, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
-        docker_url=a.docker_url, log_level=a.log_level, log_format=a.log_format,
+        docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,
+        require_node_label=a.require_node_label, log_level=a.log_level,
+        log_format=a.log_format,
     )
 
 

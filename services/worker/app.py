@@ -40,6 +40,12 @@ class WorkerConfig:
     state_interval_s: float = 2.0
     cgroup_root: str = "/sys/fs/cgroup"
     docker_url: str | None = None
+    require_node_label: bool = False
+    """Docker runtime: ignore managed containers without a dqoes.node label (logical nodes)."""
+    workload_batch: int = 100
+    """cgroup runtime with a scenario: images a batch of each inference process."""
+    workload_resolution: int | None = None
+    """cgroup runtime with a scenario: image side in pixels (None: the model's)."""
     log_level: str = "info"
     log_format: str = "text"
 
@@ -62,7 +68,8 @@ def make_policy(cfg: WorkerConfig, scenario: Scenario | None) -> Policy:
 
 
 def load_scenario(cfg: WorkerConfig) -> Scenario | None:
-    if cfg.runtime != "sim":
+    """The sim runtime's workload; for cgroup, the real processes to start (optional)."""
+    if cfg.runtime == "docker" or (cfg.runtime == "cgroup" and not cfg.scenario):
         return None
     from shared.sim.builtin import load
 
@@ -90,10 +97,13 @@ def make_runtime(cfg: WorkerConfig, scenario: Scenario | None, bus: Bus) -> Runt
     if cfg.runtime == "docker":
         from shared.runtime.docker import DockerRuntime
 
-        return DockerRuntime(cfg.node, cores=cfg.cores, cgroup_root=cfg.cgroup_root, docker_url=cfg.docker_url)
+        return DockerRuntime(cfg.node, cores=cfg.cores, cgroup_root=cfg.cgroup_root, docker_url=cfg.docker_url,
+                             require_node_label=cfg.require_node_label)
     from shared.runtime.cgroup import CgroupRuntime
 
-    return CgroupRuntime(cfg.node, cores=cfg.cores, root=cfg.cgroup_root)
+    # One parent group per node: several workers on one machine never share one.
+    cores = cfg.cores or (scenario.node(cfg.node).cores if scenario else None)
+    return CgroupRuntime(cfg.node, cores=cores, root=cfg.cgroup_root, parent=f"dqoes-{cfg.node}")
 
 
 class ConfigError(Exception):
@@ -106,6 +116,7 @@ class WorkerApp:
     bus: Bus
     runtime: Runtime
     worker: Worker
+    scenario: Scenario | None = None
 
 
 async def build(cfg: WorkerConfig) -> WorkerApp:
@@ -131,7 +142,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
     await bus.subscribe(subjects.control(cfg.node), lambda m, _: worker.on_control(m), expect=ControlMsg)
     log.info("worker for node %s: policy %s, runtime %s, %g cores, NATS %s",
              cfg.node, policy.name, cfg.runtime, ctrl.cores, cfg.nats_url)
-    return WorkerApp(cfg, bus, runtime, worker)
+    return WorkerApp(cfg, bus, runtime, worker, scenario)
 
 
 async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
@@ -145,11 +156,21 @@ async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
             except (NotImplementedError, RuntimeError):
                 pass
     follower = asyncio.create_task(worker.follow_runtime(), name="runtime-events")
+    tasks = [follower]
+    if app.cfg.runtime == "cgroup" and app.scenario is not None:
+        from services.worker.workloads import WorkloadSettings, launch
+        from shared.runtime.cgroup import CgroupRuntime
+
+        assert isinstance(app.runtime, CgroupRuntime)
+        ws = WorkloadSettings(app.cfg.workload_batch, app.cfg.workload_resolution)
+        tasks.append(asyncio.create_task(
+            launch(app.runtime, app.scenario, app.cfg.node, app.cfg.nats_url, ws), name="workloads"))
     try:
         await worker.run()
     finally:
-        follower.cancel()
-        await asyncio.gather(follower, return_exceptions=True)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await app.runtime.close()
         await app.bus.drain()
         log.info("worker for node %s stopped after %d rounds", app.cfg.node, worker.rounds)

@@ -93,8 +93,11 @@ class DockerRuntime:
     """Containers of one Docker engine, limited through Docker's own update API.
 
     It manages the running containers labelled `dqoes.managed=true` whose
-    `dqoes.node` label is absent or names this node (several logical nodes
-    may share one engine, as in the compose demo).
+    `dqoes.node` label is absent or names this node. With
+    `require_node_label` an absent label no longer counts: only containers
+    labelled for this node are seen. Several logical nodes sharing one engine
+    (the compose demo) need that, or each of them would claim every
+    unlabelled managed container.
 
     `cores` defaults to the engine's NCPU; limits are fractions of it.
     `cgroup_root` is where the host's cgroup tree is visible (for CPU use).
@@ -108,8 +111,10 @@ class DockerRuntime:
         cgroup_root: str | Path = cgroupfs.DEFAULT_ROOT,
         docker_url: str | None = None,
         timeout_s: float = 10.0,
+        require_node_label: bool = False,
     ) -> None:
         self.node = node
+        self.require_node_label = require_node_label
         self.cores: float = float(cores) if cores else 0.0
         self.label = label
         self.cgroup_root = Path(cgroup_root)
@@ -144,6 +149,8 @@ class DockerRuntime:
         return docker.from_env(timeout=self.timeout_s).api
 
     def _managed_filter(self) -> dict[str, Any]:
+        if self.require_node_label:  # the engine ANDs label filters
+            return {"label": [f"{self.label}=true", f"{NODE_LABEL}={self.node}"]}
         return {"label": f"{self.label}=true"}
 
     # ---- Runtime protocol ----------------------------------------------------
@@ -308,6 +315,8 @@ class DockerRuntime:
             raise RuntimeFailure(f"refusing to change {name}: it is not labelled {self.label}=true")
         if labels.get(NODE_LABEL) not in (None, "", self.node):
             raise RuntimeFailure(f"refusing to change {name}: it belongs to node {labels[NODE_LABEL]}")
+        if self.require_node_label and labels.get(NODE_LABEL) != self.node:
+            raise RuntimeFailure(f"refusing to change {name}: it is not labelled {NODE_LABEL}={self.node}")
         if not info["State"].get("Running"):
             raise RuntimeFailure(f"container {name} is not running")
 

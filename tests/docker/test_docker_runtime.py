@@ -116,6 +116,35 @@ async def test_an_unlabelled_container_is_never_changed(runtime, containers):
         assert after["State"]["StartedAt"] == info["State"]["StartedAt"]
 
 
+async def test_with_require_node_label_an_unlabelled_managed_container_is_not_this_nodes(
+    docker_client, containers
+):
+    """Logical nodes on one engine (compose demo): no node label means no node's container."""
+    rt = DockerRuntime(node=f"strict-{containers.run_id[:6]}", require_node_label=True)
+    await rt.start()
+    try:
+        mine = containers.run("mine", {"dqoes.node": rt.node})
+        unlabelled = containers.run("nolabel")
+        other = containers.run("othernode", {"dqoes.node": "n7"})
+        events = rt.events()
+        listed = {c.name for c in await rt.containers()}
+        assert mine.name in listed
+        assert {unlabelled.name, other.name}.isdisjoint(listed)
+        assert unlabelled.name not in await rt.cpu_totals_s()
+        with pytest.raises(RuntimeFailure, match="not labelled dqoes.node="):
+            await rt.set_limit(unlabelled.name, 0.3)
+        assert containers.inspect(unlabelled.name)["HostConfig"]["CpuQuota"] == 0
+        assert await rt.set_limit(mine.name, 0.3) == pytest.approx(0.3)
+
+        # Events: a new unlabelled container is not reported, a labelled one is.
+        containers.run("nolabel2")
+        late = containers.run("mine2", {"dqoes.node": rt.node})
+        ev = await asyncio.wait_for(anext(aiter(events)), 10)
+        assert (ev.kind, ev.container.name) == ("started", late.name)
+    finally:
+        await rt.close()
+
+
 async def test_cpu_use_comes_from_the_cgroup_of_each_container(runtime, containers):
     idle = containers.run("idle")
     t0 = time.monotonic()
