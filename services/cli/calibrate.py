@@ -362,17 +362,15 @@ def render_plot(cals: Sequence[ModelCalibration], profiles: Sequence[ModelProfil
         lat.append(svgplot.Series(f"{c.name} sim", [(r.limit_cores or 0.0, p.latency_s(r.limit_cores, 64.0))
                                                    for r in lim], color, dashed=True, markers=False))
         cpu.append(svgplot.Series(label, [(r.limit_cores or 0.0, r.median_cpu_s) for r in lim], color))
-        base = c.baseline()
-        xs = [r.limit_cores or 0.0 for r in lim]
-        cpu.append(svgplot.Series(f"{c.name} unlimited", [(min(xs), base.median_cpu_s), (max(xs), base.median_cpu_s)],
-                                  color, dashed=True, markers=False))
+        cpu.append(svgplot.Series(f"{c.name} sim", [(r.limit_cores or 0.0, p.work_cpu_s * p.cpu_multiplier(r.limit_cores))
+                                                   for r in lim], color, dashed=True, markers=False))
     ticks = sorted({r.limit_cores for c in cals for r in c.limited() if r.limit_cores is not None})
     return svgplot.figure([
         svgplot.Panel("Batch latency vs CPU limit", "CPU limit (cores)", "seconds per batch (log)", lat,
                       log_y=True, x_ticks=ticks),
         svgplot.Panel("CPU-seconds per batch vs CPU limit", "CPU limit (cores)", "CPU-seconds per batch (log)", cpu,
                       log_y=True, x_ticks=ticks),
-    ], caption="dqoes calibrate: medians of the measured batches; dashed: simulator profile / unlimited cost")
+    ], caption="dqoes calibrate: medians of the measured batches; dashed: what the fitted profile gives the simulator")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

@@ -361,7 +361,7 @@ def render_plot(d: dict[str, Any]) -> str:
         svgplot.Panel("Satisfied containers |S| over time", "seconds", "containers in S",
                       series, y_min=0, y_max=len(names)),
         svgplot.Panel("Final CPU split", "container", "cores (mean, final window)", bars=bars,
-                      bar_categories=[f"{c['name']} {c['model'][:6]} {c['objective_s']:g}s" for c in d["containers"]],
+                      bar_categories=[f"{c['name']} ({c['objective_s']:g} s)" for c in d["containers"]],
                       y_min=0, bar_colors={"dqoes real": colors["dqoes"], "dqoes sim": "#9ecae1",
                                            "default real": colors["default"], "default sim": "#fcae91"}),
     ], caption=f"dqoes experiment real: {len(names)} containers on {d['cores']:g} cores; dashed: the simulator's forecast")
