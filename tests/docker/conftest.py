@@ -28,6 +28,9 @@ BUSY = ["python3", "-c", "while True: pass"]
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: takes ten seconds or more (e.g. restarts dockerd)")
+    config.addinivalue_line(
+        "markers", "swarm: initialises a single-node Docker Swarm if none is active (left again after)"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
