@@ -32,7 +32,6 @@ class WorkloadSettings:
 
     batch: int = 100
     resolution_px: int | None = None
-    threads: int | None = None
 
 
 def inference_argv(c: ContainerSpec, node: str, nats_url: str, ws: WorkloadSettings) -> list[str]:
@@ -40,8 +39,6 @@ def inference_argv(c: ContainerSpec, node: str, nats_url: str, ws: WorkloadSetti
             "--model", c.model, "--batch", str(ws.batch), "--nats", nats_url]
     if ws.resolution_px is not None:
         argv += ["--resolution", str(ws.resolution_px)]
-    if ws.threads is not None:
-        argv += ["--threads", str(ws.threads)]
     return argv
 
 
