@@ -26,12 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pandas as pd
 
 from shared.core.types import Cls
 from shared.schema import NodeState
-from shared.timeline import read_jsonl
+from shared.timeline import parse_lines, read_jsonl
 
 ROUND_COLUMNS: tuple[str, ...] = (
     "t_s",
@@ -240,16 +239,7 @@ def _typed(
 
 def rows_from_bytes(data: bytes) -> Iterator[dict[str, Any]]:
     """Rows of a timeline given as bytes (an upload); torn or blank lines are skipped."""
-    for line in data.splitlines():
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            row = orjson.loads(line)
-        except orjson.JSONDecodeError:
-            continue
-        if isinstance(row, dict):
-            yield row
+    return parse_lines(data.splitlines())
 
 
 def load_timeline(path: str | Path, label: str | None = None) -> RunData:

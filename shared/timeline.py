@@ -36,16 +36,21 @@ def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> Path:
 def read_jsonl(path: str | Path) -> Iterator[dict[str, Any]]:
     """Rows of a timeline file; a torn last line (a run still writing) is skipped."""
     with Path(path).open("rb") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                row = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(row, dict):
-                yield row
+        yield from parse_lines(f)
+
+
+def parse_lines(lines: Iterable[bytes]) -> Iterator[dict[str, Any]]:
+    """The JSON objects among timeline lines; blank, torn or non-object lines are skipped."""
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            yield row
 
 
 def run_file_name(scenario: str, policy: str, seed: int) -> str:
