@@ -4,13 +4,15 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench results images screenshot compose-demo swarm-demo clean help
+.PHONY: setup demo test lint bench bench-policies results figures images screenshot compose-demo swarm-demo clean help
 
 help:
 	@echo "make demo     run the main job (see README)"
 	@echo "make test     set up and run the test suite"
 	@echo "make bench    run the benchmarks and print figures"
+	@echo "make bench-policies  every policy on 20 held-out random clusters; tables into docs/results.md"
 	@echo "make results  regenerate the generated tables in docs/results.md"
+	@echo "make figures  regenerate the figures in docs/img (Altair, rendered offline; the screenshot needs chromium)"
 	@echo "make compose-demo  the cluster demo on Docker Compose (docs/compose.md)"
 	@echo "make swarm-demo    the same on a single-node Docker Swarm stack"
 	@echo "make images   start a Docker engine if needed and build the images (no registry)"
@@ -30,7 +32,7 @@ demo: setup
 
 lint: setup
 	$(BIN)/lint-imports
-	$(BIN)/ruff check shared services dashboard tests bench
+	$(BIN)/ruff check shared services dashboard experiments tests bench
 
 test: lint
 	$(BIN)/python -m pytest
@@ -38,8 +40,18 @@ test: lint
 bench: setup
 	$(BIN)/python -m bench
 
+bench-policies: setup
+	DQOES_BENCH_UPDATE=docs/results.md $(BIN)/python -m bench policies
+
 results: setup
 	$(BIN)/dqoes experiment report --seeds 1-5 --update docs/results.md
+
+# Every figure in docs/img: the dashboard's Altair figure functions rendered offline (vl-convert),
+# from the recorded data in docs/, then the dashboard screenshot.
+figures: setup
+	$(BIN)/dqoes calibrate --from docs/calibration/profiles.toml --plot docs/img/calibration.svg --update docs/calibration.md
+	$(BIN)/dqoes experiment real --from docs/data/real-experiment.json --plot docs/img/real-experiment.svg --update docs/results.md
+	$(MAKE) screenshot
 
 # The README's picture of the dashboard: the browser test of the recorded DQoES-vs-default
 # comparison, run in Debian's Chromium (apt-get install -y chromium), saves its screenshot there.

@@ -13,6 +13,7 @@ SUITES = {
     "live": "bench.bench_live",
     "docker": "bench.bench_docker",
     "dashboard": "bench.bench_dashboard",
+    "policies": "bench.bench_policies",
 }
 
 

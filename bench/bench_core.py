@@ -11,11 +11,12 @@ import random
 import time
 
 from bench.common import median, pct, report, time_it
+from shared.core import registry
 from shared.core.classification import classify_views
 from shared.core.controller import NodeController
-from shared.core.dqoes import DQoESParams, DQoESPolicy, update_limits
+from shared.core.dqoes import DQoESParams, update_limits
 from shared.core.types import ContainerView
-from shared.sim.builtin import BUILTINS
+from shared.scenarios.builtin import BUILTINS
 from shared.sim.engine import simulate
 
 
@@ -48,7 +49,7 @@ def run() -> dict:
     res["alg1_round_1000_ms"] = report("Algorithm 1, one round, 1,000 containers (median of 50)", median(ts) * 1e3, "ms", goal=5.0)
     report("  p99", pct(ts, 0.99) * 1e3, "ms")
 
-    ctrl = NodeController("n", 64.0, DQoESPolicy(p))
+    ctrl = NodeController("n", 64.0, registry.build("dqoes"))
     for v in vs:
         ctrl.add(v.name, 0.0, cpu_total_s=0.0, objective_s=v.objective_s)
     totals = {v.name: 0.0 for v in vs}

@@ -21,7 +21,7 @@ from bench.common import median, pct, report, time_it
 from dashboard import data, views
 from dashboard.live import History, TimeOrigin
 from dashboard.synthetic import node_states
-from shared.sim.builtin import BUILTINS
+from shared.scenarios.builtin import BUILTINS
 from shared.sim.engine import simulate
 from shared.timeline import run_file_name, write_jsonl
 

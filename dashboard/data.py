@@ -28,6 +28,7 @@ from typing import Any
 
 import pandas as pd
 
+from shared.core import registry
 from shared.core.types import Cls
 from shared.schema import NodeState
 from shared.timeline import parse_lines, read_jsonl
@@ -46,9 +47,9 @@ ROUND_COLUMNS: tuple[str, ...] = (
     "B",
     "pending",
     "containers",
-    "q_g_s",
-    "q_s_s",
-    "q_b_s",
+    "slack_sum_g_s",
+    "slack_sum_s_s",
+    "slack_sum_b_s",
     "interval_s",
     "listener",
     "event",
@@ -65,7 +66,7 @@ CONTAINER_COLUMNS: tuple[str, ...] = (
     "model",
     "objective_s",
     "cls",
-    "q_s",
+    "slack_s",
     "latency_s",
     "limit",
     "cpu_share",
@@ -73,21 +74,21 @@ CONTAINER_COLUMNS: tuple[str, ...] = (
 """One container in one sample. `cls` is G, S, B, "pending" (no batch yet)
 or "unmanaged" (no objective: seen, not controlled)."""
 
-_FLOAT_ROUND = ("t_s", "at", "node_round", "cores", "q_g_s", "q_s_s", "q_b_s", "interval_s")
+_FLOAT_ROUND = ("t_s", "at", "node_round", "cores", "slack_sum_g_s", "slack_sum_s_s", "slack_sum_b_s", "interval_s")
 _INT_ROUND = ("round", "satisfied", "G", "S", "B", "pending", "containers")
-_FLOAT_CONTAINER = ("t_s", "objective_s", "q_s", "latency_s", "limit", "cpu_share")
+_FLOAT_CONTAINER = ("t_s", "objective_s", "slack_s", "latency_s", "limit", "cpu_share")
 _TEXT_ROUND = ("node", "policy", "listener", "event")
 _TEXT_CONTAINER = ("node", "container", "model", "cls")
 
 PENDING = "pending"
 UNMANAGED = "unmanaged"
 
-POLICY_NAMES = {"dqoes": "DQoES", "default": "default Swarm", "oracle": "oracle"}
-
+OLD_NAMES = {"q_s": "slack_s", "q_g_s": "slack_sum_g_s", "q_s_s": "slack_sum_s_s", "q_b_s": "slack_sum_b_s"}
+"""Column names timelines had before schema v2; files recorded then still load."""
 
 def policy_name(policy: str) -> str:
     """How a policy is named on the page: `dqoes` -> DQoES, `default` -> default Swarm."""
-    return POLICY_NAMES.get(policy, policy)
+    return registry.label(policy)
 
 
 @dataclass(frozen=True)
@@ -142,11 +143,6 @@ def container_class(cls: Cls | str | None, managed: bool = True) -> str:
     return str(cls.value if isinstance(cls, Cls) else cls)
 
 
-def q_s_sum(ns: NodeState) -> float:
-    """Q_S of a node: the sum of q over its S containers (as `shared.schema.aggregate`)."""
-    return math.fsum(c.q_s for c in ns.containers if c.cls is Cls.S and c.q_s is not None)
-
-
 def state_rows(
     ns: NodeState, seq: int, t_s: float, listener: str = "", event: str | None = None
 ) -> tuple[tuple[Any, ...], list[tuple[Any, ...]]]:
@@ -170,9 +166,9 @@ def state_rows(
         len(m["B"]),
         len(m["pending"]),
         len(ns.containers),
-        ns.q_g_s,
-        q_s_sum(ns),
-        ns.q_b_s,
+        ns.slack_sum_g_s,
+        ns.slack_sum_s_s,
+        ns.slack_sum_b_s,
         ns.interval_s,
         listener,
         event,
@@ -186,7 +182,7 @@ def state_rows(
             c.model,
             c.objective_s,
             container_class(c.cls, c.managed),
-            c.q_s,
+            c.slack_s,
             c.latency_s,
             c.limit,
             c.cpu_share,
@@ -251,8 +247,9 @@ def load_timeline(path: str | Path, label: str | None = None) -> RunData:
 def run_from_rows(rows: Iterable[dict[str, Any]], label: str) -> RunData:
     """A RunData from timeline rows (meta, round, container, result; others ignored).
 
-    Q_S per round is the sum of q over the round's S containers when the
-    file does not carry it (simulator timelines do not).
+    Q_S per round is the sum of slack over the round's S containers when the
+    file does not carry it (simulator timelines do not). Files written before
+    the v2 names (`q_s`, `q_g_s`, ...) load the same.
     """
     meta: dict[str, Any] = {}
     result: dict[str, Any] | None = None
@@ -260,6 +257,8 @@ def run_from_rows(rows: Iterable[dict[str, Any]], label: str) -> RunData:
     container_rows: list[dict[str, Any]] = []
     for row in rows:
         kind = row.get("kind")
+        if any(old in row for old in OLD_NAMES):
+            row = {OLD_NAMES.get(k, k): v for k, v in row.items()}
         if kind == "round":
             round_rows.append(row)
         elif kind == "container":
@@ -317,14 +316,14 @@ def _fill_rounds(
         out["cores"] = rounds["node"].map(lambda n: cores.get(n, math.nan)).astype("float64")
     if not any("containers" in r for r in raw[:1]):
         out["containers"] = rounds[["G", "S", "B", "pending"]].sum(axis=1).astype("int64")
-    if not any("q_s_s" in r for r in raw[:1]):
+    if not any("slack_sum_s_s" in r for r in raw[:1]):
         if containers.empty:
-            out["q_s_s"] = 0.0
+            out["slack_sum_s_s"] = 0.0
         else:
             s = containers[containers["cls"] == "S"]
-            sums = s.groupby(["node", "round"])["q_s"].sum()
+            sums = s.groupby(["node", "round"])["slack_s"].sum()
             key = pd.MultiIndex.from_arrays([rounds["node"], rounds["round"]])
-            out["q_s_s"] = sums.reindex(key).fillna(0.0).to_numpy()
+            out["slack_sum_s_s"] = sums.reindex(key).fillna(0.0).to_numpy()
     if rounds["listener"].isna().any():
         out["listener"] = rounds["listener"].fillna("")
     return rounds.assign(**out) if out else rounds

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared import subjects
-from shared.schema import MAX_OBJECTIVE_S, SchemaError, TargetRequest
+from shared.public import MAX_OBJECTIVE_S, TargetRequest
+from shared.schema import SchemaError
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,8 @@ from dashboard.forms import not_sent
 from shared import subjects
 from shared.aio import wait_event
 from shared.bus import Bus, BusError, Incoming, NoResponders, RequestTimeout
-from shared.schema import ClusterState, DecisionMsg, NodeState, SchemaError, parse_target_reply
+from shared.public import ClusterState, parse_target_reply
+from shared.schema import DecisionMsg, NodeState, SchemaError
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,8 @@ from dashboard.live import DecisionLog, probe
 from shared import subjects
 from shared.aio import wait_event
 from shared.bus import Bus, BusError, Incoming
+from shared.core.measures import plateau
 from shared.schema import DecisionMsg, NodeState
-from shared.sim.engine import plateau
 from shared.timeline import FORMAT_VERSION
 
 log = logging.getLogger(__name__)

@@ -101,6 +101,9 @@ def show_runs(runs: Sequence[RunData], *, now_at: float | None = None) -> None:
             f"{f.outcome.satisfied} of {f.outcome.containers}",
             help=f"satisfied containers, {f.outcome.how}",
         )
+    if len(runs) > 1:
+        series, split = views.compare_frames(runs)
+        st.altair_chart(views.runs_figure(series, split, time_title=runs[0].time_label), width="content")
     _row(runs, "summary", lambda c, r, f: c.dataframe(f.summary_table, hide_index=True), figs)
     _row(
         runs,
@@ -112,7 +115,7 @@ def show_runs(runs: Sequence[RunData], *, now_at: float | None = None) -> None:
     st.caption(
         "Q_G, Q_S, Q_B: sums of q = objective - latency over the containers in G, S "
         "and B, in seconds per batch. Q_S is that sum over S (close to 0 by "
-        "construction, the cluster state's q_s_s); the paper draws Q_S as |S|, "
+        "construction, the cluster state's slack_sum_s_s); the paper draws Q_S as |S|, "
         "which is the satisfied figure above."
     )
     _row(runs, "cpu", lambda c, r, f: c.altair_chart(f.cpu), figs)

@@ -12,7 +12,7 @@ What is plotted, in the paper's terms:
 - satisfied: |S|, containers meeting their objective, per worker and in total;
 - delivered QoE: Q_G, Q_S and Q_B per worker, each the sum of
   q = objective - latency over the containers of that class, in seconds per
-  batch. Q_S here is that sum over S (the cluster state's `q_s_s`), close to
+  batch. Q_S here is that sum over S (the cluster state's `slack_sum_s_s`), close to
   0 by construction; the paper draws Q_S as |S|, which is the satisfied
   figure;
 - CPU: each container's limit and the CPU it used, as fractions of its node
@@ -34,7 +34,7 @@ import altair as alt
 import pandas as pd
 
 from dashboard.data import PENDING, UNMANAGED, RunData, policy_name
-from shared.sim.engine import plateau
+from shared.core.measures import plateau
 
 TOTAL = "total"
 STALE_AFTER_S = 15.0
@@ -47,7 +47,7 @@ fewer per series, so a browser redraws it every second without effort."""
 FINAL_WINDOW_S = 120.0
 """Window of the simulator's plateau measure (at most a tenth of the run)."""
 
-Q_MEASURES = {"q_g_s": "Q_G", "q_s_s": "Q_S", "q_b_s": "Q_B"}
+Q_MEASURES = {"slack_sum_g_s": "Q_G", "slack_sum_s_s": "Q_S", "slack_sum_b_s": "Q_B"}
 Q_COLORS = {"Q_G": "#2ca02c", "Q_S": "#1f77b4", "Q_B": "#d62728"}
 CLASS_ORDER = ("G", "S", "B", PENDING, UNMANAGED)
 
@@ -130,9 +130,9 @@ def node_summary(
         "B",
         "pending",
         "containers",
-        "q_g_s",
-        "q_s_s",
-        "q_b_s",
+        "slack_sum_g_s",
+        "slack_sum_s_s",
+        "slack_sum_b_s",
         "interval_s",
         "t_s",
         "at",
@@ -150,7 +150,7 @@ def node_summary(
     out["stale"] = age > stale_after_s if now_at is not None else False
     fresh = out[~out["stale"].astype(bool)]
     total = {c: fresh[c].sum() for c in ("satisfied", "G", "S", "B", "pending", "containers")}
-    total.update({c: math.fsum(fresh[c]) for c in ("q_g_s", "q_s_s", "q_b_s")})
+    total.update({c: math.fsum(fresh[c]) for c in ("slack_sum_g_s", "slack_sum_s_s", "slack_sum_b_s")})
     total.update(
         policy=", ".join(sorted(set(fresh["policy"].dropna()))),
         interval_s=math.nan,
@@ -176,9 +176,9 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
             "S": summary["S"].to_numpy(),
             "B": summary["B"].to_numpy(),
             "pending": summary["pending"].to_numpy(),
-            "Q_G (s)": summary["q_g_s"].round(2).to_numpy(),
-            "Q_S (s)": summary["q_s_s"].round(2).to_numpy(),
-            "Q_B (s)": summary["q_b_s"].round(2).to_numpy(),
+            "Q_G (s)": summary["slack_sum_g_s"].round(2).to_numpy(),
+            "Q_S (s)": summary["slack_sum_s_s"].round(2).to_numpy(),
+            "Q_B (s)": summary["slack_sum_b_s"].round(2).to_numpy(),
             "interval (s)": summary["interval_s"].round(1).to_numpy(),
         }
     )
@@ -200,7 +200,7 @@ def containers_table(run: RunData) -> pd.DataFrame:
         "objective (s)",
         "latency (s)",
         "class",
-        "q (s)",
+        "slack (s)",
         "limit (share of node)",
         "limit (cores)",
         "CPU used (share of node)",
@@ -219,7 +219,7 @@ def containers_table(run: RunData) -> pd.DataFrame:
             "objective (s)": now["objective_s"].round(2).to_numpy(),
             "latency (s)": now["latency_s"].round(2).to_numpy(),
             "class": now["cls"].to_numpy(),
-            "q (s)": now["q_s"].round(2).to_numpy(),
+            "slack (s)": now["slack_s"].round(2).to_numpy(),
             "limit (share of node)": [_fmt_limit(x, 3) for x in limit],
             "limit (cores)": [
                 _fmt_limit(x * k if not math.isnan(k) else math.nan, 2)
@@ -276,12 +276,12 @@ def satisfied_frame(run: RunData) -> pd.DataFrame:
 
 
 def q_frame(run: RunData) -> pd.DataFrame:
-    """Q_G, Q_S, Q_B over time per node: columns t_s, node, measure, q_s (s per batch)."""
+    """Q_G, Q_S, Q_B over time per node: columns t_s, node, measure, slack_sum_s (s per batch)."""
     r = run.rounds
     if r.empty:
-        return pd.DataFrame({"t_s": [], "node": [], "measure": [], "q_s": []})
+        return pd.DataFrame({"t_s": [], "node": [], "measure": [], "slack_sum_s": []})
     long = r[["t_s", "node", *Q_MEASURES]].melt(
-        ["t_s", "node"], var_name="measure", value_name="q_s"
+        ["t_s", "node"], var_name="measure", value_name="slack_sum_s"
     )
     return long.assign(measure=long["measure"].map(Q_MEASURES))
 
@@ -315,7 +315,7 @@ class Domains:
 
     t_s: tuple[float, float]
     satisfied_max: int
-    q_s: tuple[float, float]
+    slack_sum_s: tuple[float, float]
     interval_s_max: float
 
 
@@ -398,13 +398,13 @@ def q_chart(
 ) -> alt.FacetChart:
     """Q_G, Q_S, Q_B per worker over time (the paper's delivered QoE), s per batch."""
     d = domains or domains_for([run])
-    df = thin(q_frame(run), ["node", "measure"], ["q_s"])
+    df = thin(q_frame(run), ["node", "measure"], ["slack_sum_s"])
     return (
         alt.Chart(df)
         .mark_line(interpolate="step-after")
         .encode(
             x=_x(d, run.time_label),
-            y=alt.Y("q_s:Q", title="s per batch", scale=alt.Scale(domain=list(d.q_s), nice=False)),
+            y=alt.Y("slack_sum_s:Q", title="s per batch", scale=alt.Scale(domain=list(d.slack_sum_s), nice=False)),
             color=alt.Color(
                 "measure:N",
                 title=None,
@@ -415,7 +415,7 @@ def q_chart(
                 "node:N",
                 "measure:N",
                 alt.Tooltip("t_s:Q", format=".0f"),
-                alt.Tooltip("q_s:Q", format=".2f"),
+                alt.Tooltip("slack_sum_s:Q", format=".2f"),
             ],
         )
         .properties(width=facet_width_px, height=FACET_HEIGHT_PX)
@@ -492,6 +492,111 @@ def interval_chart(run: RunData, domains: Domains | None = None) -> alt.Chart:
             tooltip=["node:N", alt.Tooltip("t_s:Q", format=".0f"), "interval_s:Q"],
         )
         .properties(height=CHART_HEIGHT_PX * 2 // 3)
+    )
+
+
+# --- several runs on one axis ------------------------------------------------------------
+
+RUN_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+
+
+def compare_frames(runs: Sequence[RunData]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Two runs (or more) as one figure's data.
+
+    Series: every run's total |S| over time (t_s, count, run). Split: every
+    container's mean CPU use, in cores, over the run's final window (container,
+    run, cpu_cores), the share the policy ended up giving it.
+    """
+    series, split = [], []
+    for run in runs:
+        name = run.title
+        sat = satisfied_frame(run)
+        tot = sat[sat["series"] == TOTAL]
+        series.append(pd.DataFrame({"t_s": tot["t_s"], "count": tot["satisfied"], "run": name}))
+        c = run.containers
+        if c.empty or c["cpu_share"].isna().all():
+            continue
+        end, begin = float(c["t_s"].max()), float(c["t_s"].min())
+        start = max(begin, end - min(FINAL_WINDOW_S, (end - begin) / 10))
+        last = c[(c["t_s"] >= start) & c["cpu_share"].notna()]
+        cores = last["node"].map(run.nodes).astype(float)
+        mean = (last["cpu_share"] * cores).groupby(last["container"]).mean()
+        split.append(pd.DataFrame({"container": mean.index, "run": name, "cpu_cores": mean.to_numpy()}))
+    empty_split = pd.DataFrame({"container": [], "run": [], "cpu_cores": []})
+    return (
+        pd.concat(series, ignore_index=True) if series else pd.DataFrame({"t_s": [], "count": [], "run": []}),
+        pd.concat(split, ignore_index=True) if split else empty_split,
+    )
+
+
+def runs_figure(
+    series: pd.DataFrame,
+    split: pd.DataFrame,
+    *,
+    title: str = "",
+    count_title: str = "containers in band |S|",
+    count_max: int | None = None,
+    time_title: str = "seconds",
+) -> alt.HConcatChart:
+    """Runs compared on one axis: a count over time per run, and each container's final CPU in cores.
+
+    `series`: t_s, count, run; `split`: container, run, cpu_cores. Runs named
+    "... simulated" are dashed (a forecast beside the real thing).
+    """
+    runs = list(dict.fromkeys([*series.get("run", []), *split.get("run", [])]))
+    colors = alt.Scale(domain=runs, range=[RUN_PALETTE[i % len(RUN_PALETTE)] for i in range(len(runs))])
+    ymax = count_max if count_max is not None else int(series["count"].max() if len(series) else 1)
+    lines = (
+        alt.Chart(thin(series, ["run"], ["count"]) if len(series) else series, title="over time")
+        .mark_line(interpolate="step-after")
+        .encode(
+            x=alt.X("t_s:Q", title=time_title),
+            y=alt.Y("count:Q", title=count_title, scale=alt.Scale(domain=[0, max(1, ymax)])),
+            color=alt.Color("run:N", scale=colors, title=None),
+            strokeDash=alt.condition(
+                "indexof(datum.run, 'simulated') >= 0", alt.value([5, 3]), alt.value([1, 0])
+            ),
+            tooltip=["run:N", alt.Tooltip("t_s:Q", format=".0f"), "count:Q"],
+        )
+        .properties(width=360, height=CHART_HEIGHT_PX)
+    )
+    bars = (
+        alt.Chart(split, title="final CPU split")
+        .mark_bar()
+        .encode(
+            x=alt.X("container:N", title=None),
+            xOffset=alt.XOffset("run:N", sort=runs),
+            y=alt.Y("cpu_cores:Q", title="cores (mean, final window)"),
+            color=alt.Color("run:N", scale=colors, title=None),
+            tooltip=["container:N", "run:N", alt.Tooltip("cpu_cores:Q", format=".2f")],
+        )
+        .properties(width=360, height=CHART_HEIGHT_PX)
+    )
+    return alt.hconcat(lines, bars, title=title or alt.Undefined)
+
+
+def calibration_chart(df: pd.DataFrame) -> alt.HConcatChart:
+    """Latency and CPU-seconds per batch against the CPU limit, measured and as the fitted profile.
+
+    `df`: model, limit_cores, source ("measured" or "fitted profile"), latency_s, cpu_s.
+    """
+    def panel(field: str, title: str) -> alt.Chart:
+        return (
+            alt.Chart(df, title=title)
+            .mark_line(point=True)
+            .encode(
+                x=alt.X("limit_cores:Q", title="CPU limit (cores)"),
+                y=alt.Y(f"{field}:Q", title=f"{title} (log)", scale=alt.Scale(type="log")),
+                color=alt.Color("model:N", title=None),
+                strokeDash=alt.StrokeDash("source:N", title=None, sort=["measured", "fitted profile"]),
+                tooltip=["model:N", "source:N", "limit_cores:Q", alt.Tooltip(f"{field}:Q", format=".3f")],
+            )
+            .properties(width=340, height=CHART_HEIGHT_PX)
+        )
+
+    return alt.hconcat(
+        panel("latency_s", "seconds per batch"), panel("cpu_s", "CPU-seconds per batch"),
+        title="dqoes calibrate: medians of the measured batches, and the fitted profile",
     )
 
 

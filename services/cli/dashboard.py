@@ -26,8 +26,7 @@ import orjson
 
 from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR, parse_source
-from services.cli.experiment import CliError, emit_json
-from services.cli.live import resolve_url, state_dir
+from services.cli.common import CliError, emit_json, resolve_url, state_dir
 from shared.bus import BusError
 from shared.settings import DEFAULT_NATS_URL
 

@@ -1,72 +1,31 @@
-"""`dqoes experiment ...`: run the simulator from the command line.
+"""`dqoes experiment ...`: run the simulator and the experiments from the command line.
 
-Thin: parse, call `shared.sim`, format. Tables for people, one JSON object on
-the last line of stdout with --json for programs.
+Thin: parse arguments, call the simulator or the `experiments` package,
+format. Tables for people, one JSON object on the last line of stdout with
+--json for programs.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import statistics
 import sys
 from pathlib import Path
-from typing import Any
 
-import orjson
-
+from experiments import real, report, threads
+from experiments.common import update_section
+from services.cli.common import CliError, emit_json, parse_seeds, profiles_from
 from services.cli.progress import Progress
+from shared.core import registry
 from shared.core.profiles import ModelProfile
-from shared.sim.builtin import BUILTINS, load
-from shared.sim.engine import POLICIES, SimResult, simulate
-from shared.sim.scenario import load_profiles_file
-from shared.timeline import run_file_name, write_jsonl
-
-
-class CliError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""
-
-
-def parse_seeds(text: str) -> list[int]:
-    out: list[int] = []
-    try:
-        for part in text.split(","):
-            part = part.strip()
-            if "-" in part:
-                a, b = part.split("-", 1)
-                lo, hi = int(a), int(b)
-                if hi < lo:
-                    raise ValueError
-                out.extend(range(lo, hi + 1))
-            elif part:
-                out.append(int(part))
-    except ValueError:
-        raise CliError(f"--seeds: expected a list like 1-5 or 1,3,7, got {text!r}") from None
-    if not out:
-        raise CliError("--seeds: no seeds given")
-    return out
-
-
-def emit_json(obj: Any) -> None:
-    sys.stdout.write(orjson.dumps(obj).decode() + "\n")
-    sys.stdout.flush()
-
-
-def profiles_from(path: str | None) -> dict[str, ModelProfile] | None:
-    """--profiles FILE, else $DQOES_PROFILES, else None (the built-ins)."""
-    path = path or os.environ.get("DQOES_PROFILES") or None
-    return None if path is None else load_profiles_file(path)
+from shared.scenarios.builtin import BUILTINS
+from shared.sim.engine import SimResult
+from shared.timeline import run_file_name
 
 
 def run_one(scenario_name: str, policy: str, seed: int, out: str | None, label: str | None = None,
             profiles: dict[str, ModelProfile] | None = None) -> SimResult:
-    sc = load(scenario_name, seed, profiles)
-    prog = Progress(label or f"{sc.name} {policy} seed {seed}")
-    res = simulate(sc, policy, seed, record=out is not None, progress=prog)
-    if out is not None:
-        rows = res.timeline + [{"kind": "result", **res.summary()}]
-        write_jsonl(Path(out) / run_file_name(sc.name, policy, seed), rows)
-    return res
+    prog = Progress(label or f"{scenario_name} {policy} seed {seed}")
+    return report.run_one(scenario_name, policy, seed, out, profiles, progress=prog)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -96,13 +55,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     s = res.summary()
     if not args.json:
         print(f"scenario {s['scenario']}  policy {s['policy']}  seed {s['seed']}")
-        print(f"  {s['containers']} containers on {s['nodes']} node(s), {s['sim_duration_s']:.0f} s simulated, {s['rounds']} rounds")
-        print(f"  satisfied (plateau of the last {s['final_window_s']:.0f} s): {s['satisfied_final']}"
-              f"   at the end: {s['satisfied_at_end']}   oracle: {s['oracle_satisfied']}")
-        per = "  ".join(f"{k}: {v}" for k, v in s["satisfied_per_node"].items())
-        print(f"  per node: {per}")
-        conv = "never settled" if s["converged_round"] is None else f"round {s['converged_round']} ({s['converged_at_s']:.0f} s)"
-        print(f"  |S| settled: {conv}")
+        print(f"  {s['containers']} containers on {s['nodes']} node(s), {s['sim_duration_s']:.0f} s simulated, "
+              f"{s['rounds']} rounds")
+        print(f"  plateau of the last {s['final_window_s']:.0f} s:  met {s['met_final']} (oracle {s['oracle_met']})"
+              f"   in band {s['satisfied_final']} (oracle {s['oracle_satisfied']})"
+              f"   CPU spent {s['cpu_cores_final']:.2f} of {s['cores_total']:g} cores "
+              f"({s['cpu_cores_idle_final']:.2f} idle)")
+        per = "  ".join(f"{k}: {s['met_per_node'][k]}/{v}" for k, v in s["satisfied_per_node"].items())
+        print(f"  per node (met/in band): {per}")
+        st = s["settle"]
+        print(f"  limit changes: {s['limit_changes']} ({s['changes_per_container_round']:.3f} per container per round);"
+              f" after the last change at {st['after_s']:.0f} s, limits still moved in {st['rounds_max']} round(s)"
+              f" on the busiest node")
         if args.out:
             print(f"  timeline: {Path(args.out) / run_file_name(res.scenario, res.policy, res.seed)}")
     if args.json:
@@ -113,18 +77,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     for p in policies:
-        if p not in POLICIES:
-            raise CliError(f"--policies: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
+        if p not in registry.REGISTRY:
+            raise CliError(f"--policies: unknown policy {p!r} (choose from {', '.join(registry.names())})")
     profiles = profiles_from(args.profiles)
     results = {p: run_one(args.scenario, p, args.seed, args.out, profiles=profiles) for p in policies}
     first = next(iter(results.values()))
-    table = {p: {"satisfied_final": r.satisfied_final, "satisfied_per_node": r.satisfied_per_node,
-                 "satisfied_at_end": r.satisfied_at_end} for p, r in results.items()}
+    table = {p: {"met_final": r.met_final, "met_per_node": r.met_per_node, "satisfied_final": r.satisfied_final,
+                 "satisfied_per_node": r.satisfied_per_node, "satisfied_at_end": r.satisfied_at_end,
+                 "cpu_cores_final": round(r.cpu_cores_final, 3), "cpu_cores_idle_final": round(r.cpu_cores_idle_final, 3),
+                 "limit_changes": r.limit_changes} for p, r in results.items()}
     summary = {
         "scenario": first.scenario,
         "seed": first.seed,
         "containers": first.containers,
         "nodes": first.nodes,
+        "cores_total": first.cores_total,
+        "oracle_met": first.oracle_met,
         "oracle_satisfied": first.oracle_satisfied,
         "policies": table,
     }
@@ -132,46 +100,35 @@ def cmd_compare(args: argparse.Namespace) -> int:
         d, b = results["dqoes"].satisfied_final, results["default"].satisfied_final
         summary["ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
     if not args.json:
-        nodes = list(first.satisfied_per_node)
-        print(f"{first.scenario}, seed {first.seed}: {first.containers} containers on {first.nodes} node(s); "
-              f"satisfied containers (plateau of the final {first.final_window_s:.0f} s)")
-        head = f"{'policy':<9}" + "".join(f"{n:>10}" for n in nodes) + f"{'total':>8}"
-        print(head)
+        print(f"{first.scenario}, seed {first.seed}: {first.containers} containers on {first.nodes} node(s), "
+              f"{first.cores_total:g} cores; plateau of the final {first.final_window_s:.0f} s")
+        print(f"{'policy':<10}{'met':>6}{'in band':>9}{'CPU spent':>11}{'idle':>7}   per node (met/in band)")
         for p, r in results.items():
-            print(f"{p:<9}" + "".join(f"{r.satisfied_per_node[n]:>10}" for n in nodes) + f"{r.satisfied_final:>8}")
-        print(f"{'oracle*':<9}" + "".join(f"{first.oracle_per_node[n]:>10}" for n in nodes) + f"{first.oracle_satisfied:>8}")
-        print("* the most any steady allocation can satisfy on this placement (knows every latency curve)")
+            per = " ".join(f"{r.met_per_node[n]}/{r.satisfied_per_node[n]}" for n in r.satisfied_per_node)
+            print(f"{p:<10}{r.met_final:>6}{r.satisfied_final:>9}{r.cpu_cores_final:>11.2f}"
+                  f"{r.cpu_cores_idle_final:>7.2f}   {per}")
+        print(f"{'oracle*':<10}{first.oracle_met:>6}{first.oracle_satisfied:>9}")
+        print("* the most any steady allocation can keep met / in band on this placement (knows every latency curve)")
         if "ratio_dqoes_to_default" in summary:
             r = summary["ratio_dqoes_to_default"]
             d, b = results["dqoes"].satisfied_final, results["default"].satisfied_final
-            print(f"DQoES satisfies {d} vs {b} for default Swarm" + (f": {r}x" if r is not None else ""))
+            shown = f": {r}x" if r is not None else " (no ratio: default Swarm has none in band)"
+            print(f"in band: DQoES {d} vs {b} for default Swarm" + shown)
     if args.json:
         emit_json(summary)
     return 0
 
 
-REPORT_BEGIN = "<!-- BEGIN generated: dqoes experiment report -->"
-REPORT_END = "<!-- END generated: dqoes experiment report -->"
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     seeds = parse_seeds(args.seeds)
-    names = args.scenarios.split(",") if args.scenarios else list(BUILTINS)
-    for n in names:
-        if n not in BUILTINS:
-            raise CliError(f"--scenarios: unknown built-in {n!r}")
-    data: dict[str, Any] = {}
-    for name in names:
-        per: dict[str, list[int]] = {"dqoes": [], "default": [], "oracle_bound": []}
-        for seed in seeds:
-            for pol in ("dqoes", "default"):
-                r = run_one(name, pol, seed, None, f"{name} {pol} seed {seed}")
-                per[pol].append(r.satisfied_final)
-            per["oracle_bound"].append(r.oracle_satisfied)
-        data[name] = {"containers": r.containers, "seeds": seeds, **per}
-    md = render_report(data)
+    try:
+        names = report.builtin_names(args.scenarios)
+    except ValueError as e:
+        raise CliError(f"--scenarios: {e}") from None
+    data = report.report_data(names, seeds, progress=Progress)
+    md = report.render_report(data)
     if args.update:
-        update_section(Path(args.update), md)
+        update_section(Path(args.update), md, report.REPORT_BEGIN, report.REPORT_END)
     if args.json:
         emit_json({"report": data})
     else:
@@ -179,41 +136,38 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_report(data: dict[str, Any]) -> str:
-    lines = [REPORT_BEGIN, ""]
-    lines.append("Satisfied containers at the plateau (lower median of |S| over the final 120 s), "
-                 "by seed, from `dqoes experiment report` (simulator, built-in profiles).")
-    lines.append("")
-    for name, d in data.items():
-        seeds = d["seeds"]
-        lines.append(f"#### {name} ({d['containers']} containers)")
-        lines.append("")
-        lines.append("| policy | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |")
-        lines.append("|---|" + "---|" * (len(seeds) + 1))
-        for key, label in (("dqoes", "DQoES"), ("default", "default Swarm"), ("oracle_bound", "oracle (bound)")):
-            vals = d[key]
-            lines.append(f"| {label} | " + " | ".join(str(v) for v in vals) + f" | {statistics.mean(vals):.1f} |")
-        dq, df = sum(d["dqoes"]), sum(d["default"])
-        if df:
-            lines.append("")
-            lines.append(f"DQoES satisfies {dq / df:.1f}x as many containers as default Swarm over these seeds "
-                         f"({dq} vs {df}); it reaches {dq / max(1, sum(d['oracle_bound'])) * 100:.0f}% of the oracle's bound.")
-        lines.append("")
-    lines.append(REPORT_END)
-    return "\n".join(lines)
+def cmd_threads(args: argparse.Namespace) -> int:
+    opts = threads.ThreadsOptions(models=args.models, limits=args.limits, pinned=args.pinned,
+                                  batch_size=args.batch_size, resolution=args.resolution, batches=args.batches,
+                                  warmup=args.warmup, cgroup_root=args.cgroup_root)
+    command = " ".join(["dqoes experiment threads", f"--models {args.models}", f"--limits {args.limits}",
+                        f"--pinned {args.pinned}", f"--batch-size {args.batch_size}"])
+    out = threads.run(opts, lambda m: print(m, file=sys.stderr, flush=True), from_file=args.from_file,
+                      update=args.update, command=command)
+    if args.json:
+        emit_json(out)
+    elif not args.update:
+        print(threads.render_markdown(out["rows"], out["machine"]))
+    return 0
 
 
-def update_section(path: Path, block: str, begin: str = REPORT_BEGIN, end: str = REPORT_END) -> None:
-    """Replace the generated block in a Markdown file (or append it)."""
-    text = path.read_text() if path.exists() else ""
-    if begin in text and end in text:
-        a = text.index(begin)
-        b = text.index(end) + len(end)
-        text = text[:a] + block + text[b:]
-    else:
-        text = text.rstrip() + "\n\n" + block + "\n"
-    path.write_text(text)
+def cmd_real(args: argparse.Namespace) -> int:
+    opts = real.RealOptions(
+        containers=args.containers, duration_s=args.duration_s, policies=args.policies, runtime=args.runtime,
+        section=args.section, models=args.models,
+        objectives=args.objectives, batch_size=args.batch_size, resolution=args.resolution, cores=args.cores,
+        profiles=args.profiles, image=args.image, seed=args.seed, sample_s=args.sample_s, out=args.out,
+        from_file=args.from_file, plot=args.plot, update=args.update,
+    )
+    res = real.run(opts)
+    if args.json:
+        emit_json(res.summary)
+    elif not args.update:
+        print(res.markdown)
+    return 0
 
+
+POLICIES_HELP = "policies:\n" + registry.describe()
 
 PROFILES_HELP = ("model profiles (e.g. from `dqoes calibrate --out`) replacing the built-ins of the same names "
                  "(default: $DQOES_PROFILES; a scenario file's own `profiles`/`models` still win)")
@@ -229,9 +183,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_list)
 
     p = es.add_parser("run", help="run one scenario under one policy",
-                      description="Run SCENARIO (a built-in name or a .toml/.json file) under one policy.")
+                      description="Run SCENARIO (a built-in name or a .toml/.json file) under one policy.",
+                      epilog=POLICIES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", metavar="SCENARIO")
-    p.add_argument("--policy", choices=POLICIES, default="dqoes")
+    p.add_argument("--policy", choices=registry.names(), default="dqoes", help="allocation policy (below)")
     p.add_argument("--seed", type=int, default=1, help="random seed (noise, random objectives)")
     p.add_argument("--out", metavar="DIR", help="write the timeline as JSON lines into DIR")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
@@ -239,7 +194,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profiles", metavar="FILE", help=PROFILES_HELP)
     p.set_defaults(func=cmd_run)
 
-    p = es.add_parser("compare", help="run one scenario under several policies, same seed")
+    p = es.add_parser("compare", help="run one scenario under several policies, same seed",
+                      epilog=POLICIES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", metavar="SCENARIO")
     p.add_argument("--policies", default="dqoes,default", help="comma-separated (default: dqoes,default)")
     p.add_argument("--seed", type=int, default=1)
@@ -255,6 +211,54 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
     p.set_defaults(func=cmd_report)
 
-    from services.cli import realexp  # here: it imports this module
+    p = es.add_parser(
+        "real", help="DQoES vs default on real inference containers here, with the simulator's forecast",
+        description="Start a private NATS, the manager and a worker, run N real inference workloads (Docker "
+        "containers of the workload image, or processes in cgroups with --runtime cgroup) with objectives under "
+        "each policy in turn, record met, in band and CPU over time, and compare with the simulator run on the "
+        "same setup with the calibrated profiles. Needs root (and Docker for --runtime docker). Progress goes to "
+        "stderr.")
+    d = real.RealOptions()
+    p.add_argument("--containers", type=int, default=d.containers, help="how many inference containers (default 5)")
+    p.add_argument("--duration-s", type=float, default=d.duration_s, help="seconds per policy (default 600)")
+    p.add_argument("--policies", default=d.policies, help=f"run in this order (default {d.policies})")
+    p.add_argument("--runtime", choices=("docker", "cgroup"), default=d.runtime,
+                   help="docker: containers of --image; cgroup: inference processes in cgroups, no Docker (default docker)")
+    p.add_argument("--section", default=d.section,
+                   help="with --update: a named generated section (e.g. host16), for several real setups in one file")
+    p.add_argument("--models", default=d.models, help="cycled over the containers")
+    p.add_argument("--objectives", help="seconds a batch, cycled (default: fastest-alone x 0.8, 3, 1.6, 5, 2.2, 8)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images a batch (default 10, as calibrated)")
+    p.add_argument("--resolution", type=int, default=d.resolution, help="image side in px (default 224, as calibrated)")
+    p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
+    p.add_argument("--profiles", help="profiles file for the forecast (default: $DQOES_PROFILES, else "
+                   "docs/calibration/profiles.toml, else the built-ins)")
+    p.add_argument("--image", default=d.image, help="inference image")
+    p.add_argument("--seed", type=int, default=d.seed, help="simulator seed")
+    p.add_argument("--sample-s", type=float, default=d.sample_s, help="seconds between CPU samples (default 5)")
+    p.add_argument("--out", help="directory for the raw records (default runs/real-<time>)")
+    p.add_argument("--from", dest="from_file", metavar="FILE",
+                   help="run nothing: report (and --plot/--update) from a summary.json written earlier")
+    p.add_argument("--plot", metavar="FILE", help="write the figure (.svg or .png)")
+    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
+    p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
+    p.set_defaults(func=cmd_real)
 
-    realexp.add_parser(es)
+    t = threads.ThreadsOptions()
+    p = es.add_parser(
+        "threads", help="the real workload with threads following its CPU limit vs pinned counts (root)",
+        description="Run the real inference workload in a cgroup under each CPU limit, once with its intra-op "
+        "threads following the limit (what the containers do) and once pinned to each given count, and report "
+        "seconds and CPU-seconds per batch and the gain. Needs root (cgroups) and torch. Progress: stderr.")
+    p.add_argument("--models", default=t.models, help=f"comma-separated (default {t.models})")
+    p.add_argument("--limits", default=t.limits, help=f"CPU limits in cores (default {t.limits})")
+    p.add_argument("--pinned", default=t.pinned, help=f"fixed thread counts to compare (default {t.pinned})")
+    p.add_argument("--batch-size", type=int, default=t.batch_size, help="images a batch (default 10)")
+    p.add_argument("--resolution", type=int, help="image side in px (default: the model's)")
+    p.add_argument("--batches", type=int, default=t.batches, help="measured batches per run (default 3)")
+    p.add_argument("--warmup", type=int, default=t.warmup, help="warm-up batches dropped (default 2)")
+    p.add_argument("--cgroup-root", default=t.cgroup_root, help="the cgroup filesystem")
+    p.add_argument("--from", dest="from_file", metavar="JSON", help="measure nothing: report a --json output")
+    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
+    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
+    p.set_defaults(func=cmd_threads)

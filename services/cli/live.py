@@ -27,51 +27,16 @@ import orjson
 
 from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR
-from services.cli.experiment import CliError, emit_json
+from services.cli.common import CliError, connect, emit_json, resolve_url, state_dir
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
 from shared.aio import wait_event
-from shared.bus import Bus, BusError, NoResponders, RequestTimeout
-from shared.schema import ClusterState, NodeState, SchemaError, TargetRequest, parse_target_reply
-from shared.settings import DEFAULT_NATS_URL
-from shared.sim.builtin import load
-from shared.sim.engine import plateau
-
-
-def state_dir() -> Path:
-    base = os.environ.get("DQOES_STATE_DIR") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "dqoes")
-    return Path(base)
-
-
-def resolve_url(flag_value: str | None) -> str:
-    if flag_value:
-        return flag_value
-    if os.environ.get("DQOES_NATS_URL"):
-        return os.environ["DQOES_NATS_URL"]
-    try:
-        info = orjson.loads((state_dir() / "up.json").read_bytes())
-        if info.get("pid") and _alive(int(info["pid"])):
-            return str(info["stacks"][0]["nats_url"])
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        pass
-    return DEFAULT_NATS_URL
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
-
-
-async def connect(url: str, name: str) -> Bus:
-    try:
-        return await Bus.connect(url, name, connect_timeout_s=3.0)
-    except BusError as e:
-        raise CliError(f"{e} (is a deployment running? try `dqoes up`)") from None
-
+from shared.bus import NoResponders, RequestTimeout
+from shared.core import registry
+from shared.core.measures import plateau
+from shared.public import ClusterState, TargetRequest, parse_target_reply
+from shared.scenarios.builtin import load
+from shared.schema import NodeState, SchemaError
 
 # -- observing a running stack -------------------------------------------------------
 
@@ -151,8 +116,8 @@ def cgroup_up_problem(scenario: Any, *, twin: bool, policy: str, euid: int, has_
     if twin:
         return ("--runtime cgroup cannot --twin: both stacks would share this machine's cores; "
                 "run DQoES and --policy default one after the other")
-    if policy == "oracle":
-        return "--policy oracle needs every container's latency curve: only with --runtime sim"
+    if registry.spec(policy).needs_curves:
+        return f"--policy {policy} needs every container's latency curve: only with --runtime sim"
     unknown = sorted({c.model for c in scenario.containers} - set(INFERENCE_MODELS))
     if unknown:
         return f"--runtime cgroup: no real model for {', '.join(unknown)} (have: {', '.join(INFERENCE_MODELS)})"
@@ -259,7 +224,7 @@ def start_dashboard(stacks: list[Stack], args: argparse.Namespace) -> subprocess
 
 
 def _with_nodes(scenario: Any, nodes: int, seed: int) -> Any:
-    from shared.sim.builtin import cluster
+    from shared.scenarios.builtin import cluster
 
     if nodes < 1:
         raise CliError("--nodes must be at least 1")
@@ -294,9 +259,9 @@ def print_cluster(cs: ClusterState) -> None:
           f"{'Q_G (s)':>10}{'Q_B (s)':>10}{'interval':>10}")
     for name, n in cs.nodes.items():
         print(f"{name:<14}{n.policy:<9}{n.satisfied:>10}{n.G:>4}{n.S:>4}{n.B:>4}{n.pending:>6}"
-              f"{n.q_g_s:>10.1f}{n.q_b_s:>10.1f}{n.interval_s:>9.0f}s")
+              f"{n.slack_sum_g_s:>10.1f}{n.slack_sum_b_s:>10.1f}{n.interval_s:>9.0f}s")
     print(f"{'total':<23}{cs.satisfied_total:>10}{cs.G:>4}{cs.S:>4}{cs.B:>4}{cs.pending:>6}"
-          f"{cs.q_g_s:>10.1f}{cs.q_b_s:>10.1f}   ({cs.containers_total} containers)")
+          f"{cs.slack_sum_g_s:>10.1f}{cs.slack_sum_b_s:>10.1f}   ({cs.containers_total} containers)")
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -391,7 +356,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        "node of a scenario (simulated containers publishing over real NATS). Ctrl-C stops all.")
     p.add_argument("--scenario", default="paper-cluster-40", help="built-in name or file (default: paper-cluster-40)")
     p.add_argument("--nodes", type=int, help="instead: a random cluster of N nodes, 10 containers each")
-    p.add_argument("--policy", choices=("dqoes", "default", "oracle"), default="dqoes")
+    p.add_argument("--policy", choices=registry.names(), default="dqoes",
+                   help="allocation policy: " + "; ".join(f"{n}: {registry.spec(n).summary}" for n in registry.names()))
     p.add_argument("--twin", action="store_true", help="DQoES and default Swarm side by side, same workload and seed")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--time-scale", type=float, default=10.0, help="scenario seconds per wall second (default 10)")

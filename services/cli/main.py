@@ -10,9 +10,11 @@ from __future__ import annotations
 import argparse
 import sys
 
+from experiments.common import ExperimentError
 from services.cli import calibrate, experiment, live
 from services.cli import dashboard as dashboard_cli
-from shared.sim.scenario import ScenarioError
+from services.cli.common import CliError
+from shared.scenarios.spec import ScenarioError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ScenarioError, experiment.CliError) as e:
+    except (ScenarioError, CliError, ExperimentError) as e:
         print(f"dqoes: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.natsd import NatsServer
-from shared.sim.scenario import Scenario, scenario_to_dict
+from shared.scenarios.spec import Scenario, scenario_to_dict
 
 
 @dataclass

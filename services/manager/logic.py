@@ -14,25 +14,24 @@ driven in tests by a real NATS server or anything that behaves the same.
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
 import orjson
 
 from shared import subjects
-from shared.schema import (
+from shared.public import (
     ClusterState,
-    NodeState,
-    ObjectiveAssign,
-    SchemaError,
+    NodeSummary,
     TargetRequest,
-    aggregate,
     parse_target,
     target_reply_error,
     target_reply_ok,
 )
+from shared.schema import NodeState, ObjectiveAssign, SchemaError
 
 log = logging.getLogger(__name__)
 
@@ -191,3 +190,56 @@ class Manager:
 
     def cluster_state(self) -> ClusterState:
         return aggregate(self.live_states(), self.wall())
+
+
+def aggregate(node_states: Iterable[NodeState], at: float) -> ClusterState:
+    """Add up node states into the cluster summary (newest state per node wins).
+
+    Pure: the manager publishes it and the dashboard's tests check their
+    numbers against it. `containers` counts every container a node reports.
+    """
+    latest: dict[str, NodeState] = {}
+    for ns in node_states:
+        old = latest.get(ns.node)
+        if old is None or ns.at >= old.at:
+            latest[ns.node] = ns
+    nodes: dict[str, NodeSummary] = {}
+    for name in sorted(latest):
+        ns = latest[name]
+        nodes[name] = NodeSummary(
+            satisfied=ns.satisfied,
+            G=len(ns.members["G"]),
+            S=len(ns.members["S"]),
+            B=len(ns.members["B"]),
+            pending=len(ns.members["pending"]),
+            slack_sum_g_s=ns.slack_sum_g_s,
+            slack_sum_s_s=ns.slack_sum_s_s or 0.0,
+            slack_sum_b_s=ns.slack_sum_b_s,
+            interval_s=ns.interval_s,
+            containers=len(ns.containers),
+            policy=ns.policy,
+            at=ns.at,
+        )
+    summaries = list(nodes.values())
+    return ClusterState(
+        nodes=nodes,
+        satisfied_total=sum(s.satisfied for s in summaries),
+        G=sum(s.G for s in summaries),
+        S=sum(s.S for s in summaries),
+        B=sum(s.B for s in summaries),
+        pending=sum(s.pending for s in summaries),
+        slack_sum_g_s=_sum(s.slack_sum_g_s for s in summaries),
+        slack_sum_s_s=_sum(s.slack_sum_s_s for s in summaries),
+        slack_sum_b_s=_sum(s.slack_sum_b_s for s in summaries),
+        containers_total=sum(s.containers for s in summaries),
+        at=at,
+    )
+
+
+def _sum(xs: Iterable[float]) -> float:
+    """A sum that saturates instead of raising: each node's value is finite, their sum may not be."""
+    try:
+        total = math.fsum(xs)
+    except OverflowError:
+        total = math.inf
+    return total if math.isfinite(total) else math.copysign(1e300, total)

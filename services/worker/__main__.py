@@ -9,6 +9,8 @@ import socket
 import sys
 
 from services.worker.app import WorkerConfig, run
+from shared.core import registry
+from shared.runtime.factory import KINDS
 from shared.settings import add_common, flag, setup_logging
 
 
@@ -17,11 +19,12 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         prog="python -m services.worker",
         description="DQoES worker controller for one node: subscribes to its containers' batch "
         "latencies, runs the control rounds, applies CPU limits and publishes decisions and state.",
+        epilog="policies:\n" + registry.describe(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(ap)
     flag(ap, "--node", "DQOES_NODE", socket.gethostname(), help="this node's name")
-    flag(ap, "--policy", "DQOES_POLICY", "dqoes", help="allocation policy", choices=("dqoes", "default", "oracle"))
-    flag(ap, "--runtime", "DQOES_RUNTIME", "sim", help="where containers run", choices=("sim", "docker", "cgroup"))
+    flag(ap, "--policy", "DQOES_POLICY", "dqoes", help="allocation policy (below)", choices=registry.names())
+    flag(ap, "--runtime", "DQOES_RUNTIME", "sim", help="where containers run", choices=KINDS)
     flag(ap, "--scenario", "DQOES_SCENARIO", None, help="sim runtime: built-in scenario or file")
     flag(ap, "--seed", "DQOES_SEED", 1, type=int, help="sim runtime: random seed")
     flag(ap, "--time-scale", "DQOES_TIME_SCALE", 1.0, type=float, help="sim runtime: scenario seconds per wall second")
@@ -44,8 +47,8 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     a = ap.parse_args(argv)
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")
-    if a.policy == "oracle" and a.runtime != "sim":
-        ap.error("--policy oracle needs every container's latency curve: only with --runtime sim")
+    if registry.spec(a.policy).needs_curves and a.runtime != "sim":
+        ap.error(f"--policy {a.policy} needs every container's latency curve: only with --runtime sim")
     if a.time_scale <= 0:
         ap.error("--time-scale must be > 0")
     return WorkerConfig(

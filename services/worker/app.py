@@ -1,23 +1,31 @@
-"""Wiring for the worker: the only place where bus, runtime, policy and loop meet."""
+"""Wiring for the worker: the only place where bus, runtime, policy and loop meet.
+
+Order matters: the runtime is built (by name, `shared.runtime.factory`) and
+started first, so its capabilities (cores, clock, time scale, what it knows
+of latency curves) are known before the policy and the controller are built.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
 
 from services.worker.logic import Worker
 from shared import subjects
 from shared.bus import Bus, BusError
-from shared.core.baselines import DefaultPolicy
-from shared.core.controller import NodeController, Policy
-from shared.core.dqoes import DQoESParams, DQoESPolicy
+from shared.core import registry
+from shared.core.controller import NodeController
+from shared.core.dqoes import DQoESParams
+from shared.core.policy import PolicyContext
+from shared.publisher import LatencyPublisher
 from shared.runtime.base import Runtime, RuntimeFailure
+from shared.runtime.factory import RuntimeSettings, make_runtime
+from shared.scenarios.builtin import load
+from shared.scenarios.spec import Scenario, ScenarioError
 from shared.schema import ControlMsg, LatencyEvent, ObjectiveAssign
-from shared.sim.physics import BatchDone
-from shared.sim.scenario import Scenario, ScenarioError
 
 log = logging.getLogger(__name__)
 
@@ -50,60 +58,30 @@ class WorkerConfig:
     log_format: str = "text"
 
 
-def make_policy(cfg: WorkerConfig, scenario: Scenario | None) -> Policy:
-    params = scenario.controller if scenario is not None else DQoESParams()
+def policy_settings(cfg: WorkerConfig, scenario: Scenario | None) -> dict[str, Any]:
+    """The policy's settings: the scenario's controller table, then the worker's flags."""
+    settings: dict[str, Any] = scenario.policy_settings() if scenario is not None else {}
     overrides = {k: v for k, v in (("alpha", cfg.alpha), ("beta", cfg.beta),
                                    ("initial_interval_s", cfg.initial_interval_s)) if v is not None}
-    if "initial_interval_s" in overrides and overrides["initial_interval_s"] > params.max_interval_s:
+    if overrides.get("initial_interval_s", 0.0) > settings.get("max_interval_s", DQoESParams().max_interval_s):
         overrides["max_interval_s"] = overrides["initial_interval_s"] * 16
-    params = replace(params, **overrides)
-    if cfg.policy == "dqoes":
-        return DQoESPolicy(params)
-    if cfg.policy == "default":
-        return DefaultPolicy(alpha=params.alpha, interval_s=params.initial_interval_s)
-    assert scenario is not None
-    from shared.sim.engine import make_policy as sim_policy
-
-    return sim_policy("oracle", replace(scenario, controller=params))
+    return settings | overrides
 
 
 def load_scenario(cfg: WorkerConfig) -> Scenario | None:
     """The sim runtime's workload; for cgroup, the real processes to start (optional)."""
-    if cfg.runtime == "docker" or (cfg.runtime == "cgroup" and not cfg.scenario):
+    if cfg.runtime == "docker" or not cfg.scenario:
         return None
-    from shared.sim.builtin import load
-
-    assert cfg.scenario is not None
     return load(cfg.scenario, cfg.seed)
 
 
-def make_runtime(cfg: WorkerConfig, scenario: Scenario | None, bus: Bus) -> Runtime:
-    if cfg.runtime == "sim":
-        from shared.publisher import LatencyPublisher
-        from shared.runtime.sim import SimRuntime
-
-        assert scenario is not None
-        pub = LatencyPublisher(bus, cfg.node)
-        models = {c.name: c.model for c in scenario.containers}
-
-        def on_batch(b: BatchDone) -> None:
-            pub.publish_nowait(pub.event(b.container, b.latency_s, b.images, b.batch,
-                                         cpu_s=b.cpu_s, model=models.get(b.container)))
-
-        if cfg.start_at is not None:
-            return SimRuntime(cfg.node, scenario, cfg.seed, time_scale=cfg.time_scale, on_batch=on_batch,
-                              clock=time.time, start_at=cfg.start_at)
-        return SimRuntime(cfg.node, scenario, cfg.seed, time_scale=cfg.time_scale, on_batch=on_batch)
-    if cfg.runtime == "docker":
-        from shared.runtime.docker import DockerRuntime
-
-        return DockerRuntime(cfg.node, cores=cfg.cores, cgroup_root=cfg.cgroup_root, docker_url=cfg.docker_url,
-                             require_node_label=cfg.require_node_label)
-    from shared.runtime.cgroup import CgroupRuntime
-
-    # One parent group per node: several workers on one machine never share one.
-    cores = cfg.cores or (scenario.node(cfg.node).cores if scenario else None)
-    return CgroupRuntime(cfg.node, cores=cores, root=cfg.cgroup_root, parent=f"dqoes-{cfg.node}")
+def runtime_settings(cfg: WorkerConfig, scenario: Scenario | None) -> RuntimeSettings:
+    return RuntimeSettings(
+        kind=cfg.runtime, node=cfg.node, cores=cfg.cores, scenario=scenario, seed=cfg.seed,
+        time_scale=cfg.time_scale, start_at=cfg.start_at, cgroup_root=cfg.cgroup_root,
+        docker_url=cfg.docker_url, require_node_label=cfg.require_node_label,
+        workload_batch=cfg.workload_batch, workload_resolution=cfg.workload_resolution, nats_url=cfg.nats_url,
+    )
 
 
 class ConfigError(Exception):
@@ -120,23 +98,37 @@ class WorkerApp:
 
 
 async def build(cfg: WorkerConfig) -> WorkerApp:
-    """Connect, create the runtime and controller, subscribe. Raises ConfigError or BusError."""
+    """Connect, start the runtime, then build the controller on its capabilities and subscribe.
+
+    Raises ConfigError or BusError.
+    """
     try:
-        scenario = load_scenario(cfg)
         subjects.validate_id(cfg.node, "node")
-        policy = make_policy(cfg, scenario)
+        scenario = load_scenario(cfg)
+        settings = policy_settings(cfg, scenario)
+        registry.params_for(cfg.policy, settings)  # a bad policy or value fails before anything starts
     except (ScenarioError, ValueError) as e:
         raise ConfigError(str(e)) from None
     bus = await Bus.connect(cfg.nats_url, f"worker-{cfg.node}")
+    pub = LatencyPublisher(bus, cfg.node)
+
+    def on_batch(container: str, latency_s: float, images: int, batch: int, cpu_s: float,
+                 model: str | None) -> None:
+        pub.publish_nowait(pub.event(container, latency_s, images, batch, cpu_s=cpu_s, model=model))
+
+    runtime = None
     try:
-        runtime = make_runtime(cfg, scenario, bus)
-        ctrl = NodeController(cfg.node, scenario.node(cfg.node).cores if scenario else (cfg.cores or 1.0), policy)
+        runtime = make_runtime(runtime_settings(cfg, scenario), on_batch)
+        await runtime.start()
+        policy = registry.build(cfg.policy, settings, PolicyContext(runtime.latency_curve))
+        ctrl = NodeController(cfg.node, runtime.cores, policy)
         worker = Worker(cfg.node, runtime, ctrl, bus.publish, state_interval_s=cfg.state_interval_s)
         await worker.start()
     except (RuntimeFailure, ValueError, KeyError) as e:
+        if runtime is not None:
+            await runtime.close()
         await bus.close()
         raise ConfigError(f"runtime {cfg.runtime}: {e}") from None
-    ctrl.cores = float(getattr(runtime, "cores", ctrl.cores))
     await bus.subscribe(subjects.latency_of_node(cfg.node), lambda m, _: worker.on_latency(m), expect=LatencyEvent)
     await bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m), expect=ObjectiveAssign)
     await bus.subscribe(subjects.control(cfg.node), lambda m, _: worker.on_control(m), expect=ControlMsg)
@@ -155,16 +147,7 @@ async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
                 loop.add_signal_handler(sig, worker.stop)
             except (NotImplementedError, RuntimeError):
                 pass
-    follower = asyncio.create_task(worker.follow_runtime(), name="runtime-events")
-    tasks = [follower]
-    if app.cfg.runtime == "cgroup" and app.scenario is not None:
-        from services.worker.workloads import WorkloadSettings, launch
-        from shared.runtime.cgroup import CgroupRuntime
-
-        assert isinstance(app.runtime, CgroupRuntime)
-        ws = WorkloadSettings(app.cfg.workload_batch, app.cfg.workload_resolution)
-        tasks.append(asyncio.create_task(
-            launch(app.runtime, app.scenario, app.cfg.node, app.cfg.nats_url, ws), name="workloads"))
+    tasks = [asyncio.create_task(worker.follow_runtime(), name="runtime-events")]
     try:
         await worker.run()
     finally:

@@ -10,16 +10,15 @@ Docker: publishing is a function it is given, the runtime an interface.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 
 from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController
-from shared.core.dqoes import DQoESPolicy
 from shared.core.types import Cls, Decision
 from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure
 from shared.schema import (
@@ -56,8 +55,8 @@ class Worker:
         self.publish = publish
         self.state_interval_s = state_interval_s
         self.wall = wall
-        self.clock: Callable[[], float] = getattr(runtime, "now_s", time.monotonic)
-        self.time_scale: float = getattr(runtime, "time_scale", 1.0)
+        self.clock: Callable[[], float] = runtime.now_s
+        self.time_scale: float = runtime.time_scale
         self.models: dict[str, str | None] = {}
         self.by_id: dict[str, str] = {}
         self.assigned: dict[str, ObjectiveAssign] = {}
@@ -72,7 +71,7 @@ class Worker:
     # -- events ---------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.runtime.start()
+        """Take over a started runtime's containers (the app starts it, to learn its cores first)."""
         # Subscribe before listing, so a container starting in between is not missed.
         self._events = self.runtime.events()
         for c in await self.runtime.containers():
@@ -86,7 +85,8 @@ class Worker:
             # A container that does not know its name reports under its hostname,
             # which Docker sets to the short id.
             name = self.by_id.get(name[:12], name) if len(name) >= 12 else name
-        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock()):
+        cpu_s = msg.cpu_s or None  # 0.0: the container did not measure it
+        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock(), cpu_s):
             self.ignored_latencies += 1
             return
         if msg.model and not self.models.get(name):
@@ -104,15 +104,20 @@ class Worker:
             self._set_objective(msg.container, msg.objective_s, msg.alpha)
 
     def on_control(self, msg: ControlMsg) -> None:
+        """An operator's parameter change: applied to the fields the policy has, validated by it."""
         policy = self.ctrl.policy
-        if not isinstance(policy, DQoESPolicy):
-            log.info("control message ignored: policy %s has no parameters to change", policy.name)
+        fields = {f.name for f in dataclasses.fields(policy.params)}
+        asked = {k: v for k, v in (("alpha", msg.alpha), ("beta", msg.beta),
+                                   ("initial_interval_s", msg.initial_interval_s),
+                                   ("max_interval_s", msg.max_interval_s)) if v is not None}
+        unknown = sorted(set(asked) - fields)
+        if unknown:
+            log.warning("control message refused: policy %s has no parameter %s", policy.name, ", ".join(unknown))
             return
-        changes = {k: v for k, v in (("alpha", msg.alpha), ("beta", msg.beta),
-                                     ("initial_interval_s", msg.initial_interval_s),
-                                     ("max_interval_s", msg.max_interval_s)) if v is not None}
+        if not asked:
+            return
         try:
-            params = replace(policy.params, **changes)
+            params = dataclasses.replace(policy.params, **asked)
         except ValueError as e:
             log.warning("control message refused: %s", e)
             return
@@ -200,19 +205,16 @@ class Worker:
     def node_state(self) -> NodeState:
         d = self.ctrl.last_decision
         policy = self.ctrl.policy
-        params = {"alpha": policy.alpha, "initial_interval_s": policy.initial_interval_s}
-        if isinstance(policy, DQoESPolicy):
-            params.update(beta=policy.params.beta, max_interval_s=policy.params.max_interval_s)
+        params = {k: float(v) for k, v in dataclasses.asdict(policy.params).items()
+                  if isinstance(v, int | float) and not isinstance(v, bool)}
         members: dict[str, list[str]] = {"G": [], "S": [], "B": [], "pending": []}
         states = []
-        q_g = q_b = 0.0
+        sums = {Cls.G: 0.0, Cls.S: 0.0, Cls.B: 0.0}
         for t in self.ctrl.containers.values():
             if t.managed:
                 members[t.cls.value if t.cls else "pending"].append(t.name)
-                if t.cls is Cls.G and t.q_s is not None:
-                    q_g += t.q_s
-                elif t.cls is Cls.B and t.q_s is not None:
-                    q_b += t.q_s
+                if t.cls is not None and t.slack_s is not None:
+                    sums[t.cls] += t.slack_s
             states.append(
                 ContainerState(
                     container=t.name,
@@ -221,13 +223,12 @@ class Worker:
                     alpha=t.alpha,
                     latency_s=t.new_latency_s or t.last_latency_s,
                     cls=t.cls if t.managed else None,
-                    q_s=t.q_s if t.managed else None,
+                    slack_s=t.slack_s if t.managed else None,
                     limit=t.limit,
                     cpu_share=t.cpu_share,
                     managed=t.managed,
                 )
             )
-        expected = getattr(self.runtime, "expected", None)
         return NodeState(
             node=self.node,
             policy=policy.name,
@@ -235,12 +236,13 @@ class Worker:
             round=self.rounds,
             at=self.wall(),
             interval_s=d.interval_s if d else policy.initial_interval_s,
-            q_g_s=q_g,
-            q_b_s=q_b,
+            slack_sum_g_s=sums[Cls.G],
+            slack_sum_b_s=sums[Cls.B],
+            slack_sum_s_s=sums[Cls.S],
             satisfied=len(members["S"]),
             members={k: tuple(v) for k, v in members.items()},
             containers=tuple(states),
-            expected=tuple(expected()) if callable(expected) else (),
+            expected=tuple(self.runtime.expected()),
             params=params,
         )
 

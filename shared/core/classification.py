@@ -19,7 +19,7 @@ class Classified:
 
     view: ContainerView
     cls: Cls | None
-    q_s: float | None
+    slack_s: float | None
     fresh: bool
 
 
@@ -28,11 +28,13 @@ class Classification:
     """Algorithm 1, lines 2-15: the partition and the per-class sums (Q in s, R in node fractions)."""
 
     items: tuple[Classified, ...]
-    q_g_s: float
-    q_b_s: float
+    slack_sum_g_s: float
+    slack_sum_b_s: float
     r_g: float
     r_b: float
     satisfied: int
+    met: int = 0
+    """S and G: at or under (1 + alpha) x the objective."""
 
     def members(self, cls: Cls) -> tuple[str, ...]:
         return tuple(c.view.name for c in self.items if c.cls is cls)
@@ -46,7 +48,7 @@ def classify_views(views: Sequence[ContainerView]) -> Classification:
     """
     items: list[Classified] = []
     q_g = q_b = r_g = r_b = 0.0
-    n_s = 0
+    n_s = n_g = 0
     for v in views:
         if v.latency_s is not None:
             q = v.objective_s - v.latency_s
@@ -65,10 +67,11 @@ def classify_views(views: Sequence[ContainerView]) -> Classification:
         if cls is Cls.G:
             q_g += q
             r_g += usage
+            n_g += 1
         elif cls is Cls.B:
             q_b += q
             r_b += usage
         else:
             n_s += 1
         items.append(Classified(v, cls, q, fresh))
-    return Classification(tuple(items), q_g, q_b, r_g, r_b, n_s)
+    return Classification(tuple(items), q_g, q_b, r_g, r_b, n_s, n_s + n_g)

@@ -12,24 +12,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
 
-from shared.core.types import Cls, ContainerView, Decision, NodeView, check_fraction, is_satisfied
+from shared.core.policy import Policy
+from shared.core.types import (
+    BatchObs,
+    Cls,
+    ContainerView,
+    Decision,
+    NodeView,
+    check_fraction,
+    is_satisfied,
+)
 
-
-class Policy(Protocol):
-    """What every allocation policy offers the controller."""
-
-    name: str
-
-    @property
-    def alpha(self) -> float: ...
-
-    @property
-    def initial_interval_s(self) -> float: ...
-
-    def decide(self, view: NodeView) -> Decision: ...
+MAX_RECENT = 64
+"""Most batches kept per container between two rounds (the oldest go first)."""
 
 
 def check_objective(objective_s: float | None) -> None:
@@ -64,10 +61,16 @@ class Tracked:
     new_latency_s: float | None = None
     last_latency_s: float | None = None
     cls: Cls | None = None
-    q_s: float | None = None
+    slack_s: float | None = None
     batches: int = 0
     out_of_band: int = 0
     """Consecutive batches outside the band while classified S."""
+    limit_since_s: float = -math.inf
+    """When the limit in force was set (batches that started earlier straddle a change)."""
+    prev_limit: float | None = None
+    """The limit before the one in force."""
+    recent: list[BatchObs] = field(default_factory=list)
+    """Batches finished since the last round (at most MAX_RECENT, newest last)."""
 
     @property
     def managed(self) -> bool:
@@ -132,7 +135,9 @@ class NodeController:
         t.objective_s, t.alpha = objective_s, alpha
         self._trigger("objective", now_s)
 
-    def record_latency(self, name: str, latency_s: float, now_s: float | None = None) -> bool:
+    def record_latency(
+        self, name: str, latency_s: float, now_s: float | None = None, cpu_s: float | None = None
+    ) -> bool:
         """A batch finished. Unknown containers and nonsense values are ignored (False).
 
         Reading (Algorithm 2): a batch that takes a satisfied container out of
@@ -147,12 +152,21 @@ class NodeController:
         if t is None or not (math.isfinite(latency_s) and latency_s > 0):
             return False
         t.new_latency_s = latency_s
+        if now_s is not None:
+            # A batch that began before its limit changed ran partly under the old one.
+            clean = now_s - latency_s >= t.limit_since_s - 1e-9
+            cpu = cpu_s if cpu_s is not None and math.isfinite(cpu_s) and cpu_s > 0 else None
+            t.recent.append(BatchObs(latency_s, now_s, t.limit, clean, t.batches, cpu, t.limit_since_s, t.prev_limit))
+            if len(t.recent) > MAX_RECENT:
+                del t.recent[0]
         t.batches += 1
         if t.cls is Cls.S and t.objective_s is not None:
             alpha = self.policy.alpha if t.alpha is None else t.alpha
             t.out_of_band = 0 if is_satisfied(t.objective_s, latency_s, alpha) else t.out_of_band + 1
             if now_s is not None and t.out_of_band >= 2 and self._backed_off():
                 self._trigger(f"disturbance: {name} left S", now_s)
+        if now_s is not None and t.objective_s is not None and self.policy.wants_round(name, latency_s, now_s):
+            self._trigger(f"disturbance: {name} off its curve", now_s)
         return True
 
     def _backed_off(self) -> bool:
@@ -196,6 +210,8 @@ class NodeController:
         views = []
         for t in self.containers.values():
             if t.objective_s is None:
+                if t.recent:
+                    t.recent = []
                 continue
             # Positional: this loop is the hot path at 1,000 containers.
             views.append(
@@ -208,9 +224,12 @@ class NodeController:
                     t.cpu_share,
                     t.limit,
                     t.cls,
-                    t.q_s,
+                    t.slack_s,
+                    tuple(t.recent),
                 )
             )
+            if t.recent:
+                t.recent = []
             if t.new_latency_s is not None:
                 t.last_latency_s, t.new_latency_s = t.new_latency_s, None
         event, self._event = self._event, None
@@ -223,7 +242,10 @@ class NodeController:
             t = self.containers[c.name]
             if c.cls is not t.cls:
                 t.out_of_band = 0
-            t.limit, t.cls, t.q_s = c.new_limit, c.cls, c.q_s
+            if c.new_limit != t.limit:
+                t.limit_since_s = now_s
+                t.prev_limit = t.limit
+            t.limit, t.cls, t.slack_s = c.new_limit, c.cls, c.slack_s
         self.rounds += 1
         self.last_decision = decision
         self.next_round_at_s = now_s + decision.interval_s

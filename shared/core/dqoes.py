@@ -8,26 +8,33 @@ here with "Reading:" where the code implements it.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from shared.core.classification import Classification, classify_views
-from shared.core.types import Cls, ContainerDecision, Decision, NodeView
+from shared.core.policy import (
+    BaseParams,
+    PolicyBase,
+    PolicySpec,
+    build_decision,
+    check_interval,
+    check_open_fraction,
+    check_total_resource,
+)
+from shared.core.types import Cls, Decision, NodeView
 
 ON_DROP_MODES = ("reset", "halve")
 
 
 @dataclass(frozen=True, slots=True)
-class DQoESParams:
-    """Operator-settable DQoES parameters (all may change at runtime)."""
+class DQoESParams(BaseParams):
+    """Operator-settable DQoES parameters (all may change at runtime).
 
-    alpha: float = 0.10
-    """Tolerance band: a container is satisfied when |o - p| <= alpha * o."""
+    `alpha` (the band) and `initial_interval_s` (IV_initial of Algorithm 2)
+    come from `BaseParams`.
+    """
+
     beta: float = 0.10
     """Step size: the share of R_G moved per round."""
-    initial_interval_s: float = 10.0
-    """IV_initial of Algorithm 2."""
     max_interval_s: float = 160.0
     """Cap on the doubled interval (the paper sets none; an operator wants one)."""
     total_resource: float = 1.0
@@ -36,16 +43,12 @@ class DQoESParams:
     """What a drop in |S| does to the interval: "reset" (journal) or "halve" (arXiv)."""
 
     def __post_init__(self) -> None:
-        for name in ("alpha", "beta"):
-            v = getattr(self, name)
-            if not (isinstance(v, int | float) and math.isfinite(v) and 0 < v < 1):
-                raise ValueError(f"{name} must be a number in (0, 1), got {v!r}")
-        if not (math.isfinite(self.initial_interval_s) and self.initial_interval_s > 0):
-            raise ValueError(f"initial_interval_s must be > 0, got {self.initial_interval_s!r}")
-        if not (math.isfinite(self.max_interval_s) and self.max_interval_s >= self.initial_interval_s):
+        BaseParams.__post_init__(self)
+        check_open_fraction(self.beta, "beta")
+        check_interval(self.max_interval_s, "max_interval_s")
+        if self.max_interval_s < self.initial_interval_s:
             raise ValueError("max_interval_s must be >= initial_interval_s")
-        if not (math.isfinite(self.total_resource) and 0 < self.total_resource <= 1):
-            raise ValueError(f"total_resource must be in (0, 1], got {self.total_resource!r}")
+        check_total_resource(self.total_resource)
         if self.on_drop not in ON_DROP_MODES:
             raise ValueError(f"on_drop must be one of {ON_DROP_MODES}, got {self.on_drop!r}")
 
@@ -97,14 +100,14 @@ def update_limits(
         if base is None:
             out[v.name] = LimitUpdate(old, "no CPU reading yet")
             continue
-        assert c.q_s is not None
+        assert c.slack_s is not None
         if cl.r_g == 0.0:
             out[v.name] = LimitUpdate(_clamp(old, floor, cap), "R_G = 0: free competition")
             continue
         if c.cls is Cls.G:
-            new = base - (c.q_s / cl.q_g_s) * cl.r_g * beta
+            new = base - (c.slack_s / cl.slack_sum_g_s) * cl.r_g * beta
         else:
-            new = base + (c.q_s / cl.q_b_s) * cl.r_g * beta
+            new = base + (c.slack_s / cl.slack_sum_b_s) * cl.r_g * beta
         new = min(cap, max(floor, new))
         if c.cls is Cls.G:
             why = "G: shrink" + (" (at floor)" if new == floor else "")
@@ -124,8 +127,8 @@ class ListenerState:
 
     interval_s: float
     streak: int = 0
-    prev_q_g_s: float | None = None
-    prev_q_b_s: float | None = None
+    prev_slack_sum_g_s: float | None = None
+    prev_slack_sum_b_s: float | None = None
     prev_satisfied: int | None = None
 
 
@@ -139,8 +142,8 @@ def _approaches_zero(prev: float, now: float, *, positive: bool) -> bool:
 
 def listener_step(
     state: ListenerState,
-    q_g_s: float,
-    q_b_s: float,
+    slack_sum_g_s: float,
+    slack_sum_b_s: float,
     satisfied: int,
     params: DQoESParams,
     event: str | None = None,
@@ -155,11 +158,11 @@ def listener_step(
     - Q_G fell and Q_B rose for 3 rounds in a row: double IV (up to the cap);
     - otherwise keep IV and restart the streak.
     """
-    nxt = replace(state, prev_q_g_s=q_g_s, prev_q_b_s=q_b_s, prev_satisfied=satisfied)
+    nxt = replace(state, prev_slack_sum_g_s=slack_sum_g_s, prev_slack_sum_b_s=slack_sum_b_s, prev_satisfied=satisfied)
     init = params.initial_interval_s
     if event is not None:
         return replace(nxt, interval_s=init, streak=0), f"reset: {event}"
-    if state.prev_satisfied is None or state.prev_q_g_s is None or state.prev_q_b_s is None:
+    if state.prev_satisfied is None or state.prev_slack_sum_g_s is None or state.prev_slack_sum_b_s is None:
         return replace(nxt, streak=0), "first round"
     if satisfied < state.prev_satisfied:
         if params.on_drop == "halve":
@@ -168,8 +171,8 @@ def listener_step(
             iv = init
         why = f"{params.on_drop}: |S| dropped {state.prev_satisfied}->{satisfied}"
         return replace(nxt, interval_s=iv, streak=0), why
-    converging = _approaches_zero(state.prev_q_g_s, q_g_s, positive=True) and _approaches_zero(
-        state.prev_q_b_s, q_b_s, positive=False
+    converging = _approaches_zero(state.prev_slack_sum_g_s, slack_sum_g_s, positive=True) and _approaches_zero(
+        state.prev_slack_sum_b_s, slack_sum_b_s, positive=False
     )
     if converging:
         streak = state.streak + 1
@@ -180,31 +183,7 @@ def listener_step(
     return replace(nxt, streak=0), "kept"
 
 
-def decisions_from(
-    view: NodeView,
-    cl: Classification,
-    updates: Mapping[str, tuple[float | None, str]],
-) -> tuple[ContainerDecision, ...]:
-    """Join a classification with per-container (new limit, reason) pairs."""
-    out = []
-    for c in cl.items:
-        new, why = updates[c.view.name]
-        out.append(
-            ContainerDecision(
-                name=c.view.name,
-                cls=c.cls,
-                q_s=c.q_s,
-                latency_s=c.view.latency_s if c.fresh else c.view.last_latency_s,
-                cpu_share=c.view.cpu_share,
-                old_limit=c.view.limit,
-                new_limit=new,
-                reason=why,
-            )
-        )
-    return tuple(out)
-
-
-class DQoESPolicy:
+class DQoESPolicy(PolicyBase):
     """Algorithm 1 every round, Algorithm 2 choosing when the next round runs."""
 
     name = "dqoes"
@@ -212,14 +191,6 @@ class DQoESPolicy:
     def __init__(self, params: DQoESParams | None = None) -> None:
         self.params = params or DQoESParams()
         self.listener = ListenerState(self.params.initial_interval_s)
-
-    @property
-    def alpha(self) -> float:
-        return self.params.alpha
-
-    @property
-    def initial_interval_s(self) -> float:
-        return self.params.initial_interval_s
 
     def set_params(self, params: DQoESParams) -> None:
         """Operator change at runtime; the listener restarts from the new IV."""
@@ -231,18 +202,18 @@ class DQoESPolicy:
         cl = classify_views(view.containers)
         ups = update_limits(cl, p.beta, p.total_resource, len(view.containers))
         self.listener, why = listener_step(
-            self.listener, cl.q_g_s, cl.q_b_s, cl.satisfied, p, view.event
+            self.listener, cl.slack_sum_g_s, cl.slack_sum_b_s, cl.satisfied, p, view.event
         )
-        return Decision(
-            node=view.node,
-            now_s=view.now_s,
-            policy=self.name,
-            containers=decisions_from(view, cl, {k: (u.new_limit, u.reason) for k, u in ups.items()}),
-            q_g_s=cl.q_g_s,
-            q_b_s=cl.q_b_s,
-            satisfied=cl.satisfied,
-            interval_s=self.listener.interval_s,
-            listener=why,
-            event=view.event,
-            extra={"r_g": cl.r_g, "r_b": cl.r_b},
+        return build_decision(
+            self.name, view, cl, {k: (u.new_limit, u.reason) for k, u in ups.items()},
+            interval_s=self.listener.interval_s, listener=why, extra={"r_g": cl.r_g, "r_b": cl.r_b},
         )
+
+
+SPEC = PolicySpec(
+    name="dqoes",
+    label="DQoES",
+    summary="the DQoES paper: classify G/S/B, move CPU from G to B (Algorithm 1), adaptive interval (Algorithm 2)",
+    params_type=DQoESParams,
+    factory=lambda params, context: DQoESPolicy(params),
+)

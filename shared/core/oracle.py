@@ -16,11 +16,20 @@ use, not on limits, because batches with non-CPU overhead leave CPU for others
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.core.classification import classify_views
-from shared.core.dqoes import decisions_from, floor_limit
+from shared.core.dqoes import floor_limit
+from shared.core.policy import (
+    BaseParams,
+    CurveLookup,
+    PolicyBase,
+    PolicySpec,
+    build_decision,
+    check_total_resource,
+    no_curves,
+)
 from shared.core.profiles import ModelProfile, limit_for_latency, limit_for_min_latency
 from shared.core.types import Decision, NodeView
 
@@ -51,7 +60,18 @@ class OraclePlan:
 
     @property
     def count(self) -> int:
+        """The in-band bound."""
         return len(self.satisfied)
+
+    @property
+    def met_count(self) -> int:
+        """The met bound: those in band, and those faster than their band even at the floor.
+
+        Maximising met picks the same set as maximising in band (unit values,
+        cheapest extra CPU first, the same costs); a container too fast for its
+        band at the floor is met at no extra cost.
+        """
+        return len(self.satisfied) + len(self.too_fast)
 
 
 def average_use(p: ModelProfile, limit: float, node_cores: float) -> float:
@@ -158,31 +178,33 @@ def plan_node(
     return OraclePlan(limits, tuple(sorted(chosen)), tuple(too_fast), tuple(too_slow), tuple(no_room))
 
 
-class OraclePolicy:
+@dataclass(frozen=True, slots=True)
+class OracleParams(BaseParams):
+    total_resource: float = 1.0
+    """T_R, the cap on any one limit, as a fraction of the node (as DQoES's)."""
+
+    def __post_init__(self) -> None:
+        BaseParams.__post_init__(self)
+        check_total_resource(self.total_resource)
+
+
+class OraclePolicy(PolicyBase):
     """Sets the oracle's plan as the limits every round; reports like every policy."""
 
     name = "oracle"
 
-    def __init__(
-        self,
-        profiles: Mapping[str, ModelProfile],
-        alpha: float = 0.10,
-        interval_s: float = 10.0,
-        total_resource: float = 1.0,
-    ) -> None:
-        self.profiles = dict(profiles)
-        self.alpha = alpha
-        self.initial_interval_s = interval_s
-        self.total_resource = total_resource
+    def __init__(self, params: OracleParams | None = None, curve_of: CurveLookup = no_curves) -> None:
+        self.params = params or OracleParams()
+        self.curve_of = curve_of
 
     def decide(self, view: NodeView) -> Decision:
         cl = classify_views(view.containers)
-        known = [c for c in view.containers if c.name in self.profiles]
-        plan = plan_node(
-            [OracleItem(c.name, c.objective_s, c.alpha, self.profiles[c.name]) for c in known],
-            view.cores,
-            self.total_resource,
-        )
+        items = []
+        for c in view.containers:
+            curve = self.curve_of(c.name)
+            if curve is not None:
+                items.append(OracleItem(c.name, c.objective_s, c.alpha, curve))
+        plan = plan_node(items, view.cores, self.params.total_resource)
         ups = {}
         for c in view.containers:
             if c.name not in plan.limits:
@@ -198,16 +220,17 @@ class OraclePolicy:
                 else "oracle: no room"
             )
             ups[c.name] = (plan.limits[c.name], why)
-        return Decision(
-            node=view.node,
-            now_s=view.now_s,
-            policy=self.name,
-            containers=decisions_from(view, cl, ups),
-            q_g_s=cl.q_g_s,
-            q_b_s=cl.q_b_s,
-            satisfied=cl.satisfied,
-            interval_s=self.initial_interval_s,
-            listener="fixed",
-            event=view.event,
-            extra={"oracle_count": float(plan.count)},
+        return build_decision(
+            self.name, view, cl, ups, interval_s=self.initial_interval_s,
+            extra={"oracle_count": float(plan.count), "oracle_met": float(plan.met_count)},
         )
+
+
+SPEC = PolicySpec(
+    name="oracle",
+    label="oracle",
+    summary="the ceiling: knows every container's latency curve and sets the count-maximising limits",
+    params_type=OracleParams,
+    factory=lambda params, context: OraclePolicy(params, context.curve_of),
+    needs_curves=True,
+)

@@ -25,19 +25,52 @@ class Cls(StrEnum):
 
 def classify(objective_s: float, latency_s: float, alpha: float) -> Cls:
     """Algorithm 1, lines 6-15: q = o - p; G if q > alpha*o, B if q < -alpha*o, else S."""
-    q_s = objective_s - latency_s
-    if q_s > alpha * objective_s:
+    slack_s = objective_s - latency_s
+    if slack_s > alpha * objective_s:
         return Cls.G
-    if q_s < -alpha * objective_s:
+    if slack_s < -alpha * objective_s:
         return Cls.B
     return Cls.S
 
 
 def is_satisfied(objective_s: float | None, latency_s: float | None, alpha: float) -> bool:
-    """True when a latency lies inside the +-alpha band around its objective."""
+    """In band: the latency lies inside the +-alpha band around its objective (the paper's S)."""
     if objective_s is None or latency_s is None:
         return False
     return classify(objective_s, latency_s, alpha) is Cls.S
+
+
+def is_met(objective_s: float | None, latency_s: float | None, alpha: float) -> bool:
+    """Met, as a client counts: the latency is at or under (1 + alpha) x the objective.
+
+    Every in-band container is met; so is one faster than its band (class G).
+    """
+    if objective_s is None or latency_s is None:
+        return False
+    return classify(objective_s, latency_s, alpha) is not Cls.B
+
+
+@dataclass(frozen=True, slots=True)
+class BatchObs:
+    """One finished batch as the controller saw it arrive.
+
+    `limit` is the limit in force when it finished (fraction of the node,
+    None: none). `clean` is False for a batch that started before the last
+    change of its limit: it ran partly under `prev_limit`, until `since_s`. `index` counts the
+    container's batches from 0 (the first ones are warm-up). `cpu_s` is the
+    CPU the batch used when the container measured it, else None.
+    """
+
+    latency_s: float
+    finished_at_s: float
+    limit: float | None
+    clean: bool
+    index: int
+    cpu_s: float | None = None
+    since_s: float = -math.inf
+    """When `limit` came into force (inside the batch when it is not clean)."""
+    prev_limit: float | None = None
+    """The limit before that (what the first part of a straddling batch ran under)."""
 
 
 def check_fraction(value: float | None, what: str, *, allow_zero: bool = False) -> None:
@@ -67,7 +100,9 @@ class ContainerView:
     cpu_share: float | None
     limit: float | None
     prev_cls: Cls | None = None
-    prev_q_s: float | None = None
+    prev_slack_s: float | None = None
+    batches: tuple[BatchObs, ...] = ()
+    """Every batch finished since the previous round, oldest first (the latest is `latency_s`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +124,7 @@ class ContainerDecision:
 
     name: str
     cls: Cls | None
-    q_s: float | None
+    slack_s: float | None
     latency_s: float | None
     cpu_share: float | None
     old_limit: float | None
@@ -109,13 +144,15 @@ class Decision:
     now_s: float
     policy: str
     containers: tuple[ContainerDecision, ...]
-    q_g_s: float
-    q_b_s: float
+    slack_sum_g_s: float
+    slack_sum_b_s: float
     satisfied: int
     interval_s: float
     listener: str = ""
     event: str | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    met: int = 0
+    """Containers at or under (1 + alpha) x their objective (S and G)."""
 
     @property
     def counts(self) -> dict[str, int]:

@@ -14,9 +14,12 @@ like cpuacct.usage, so the controller computes per-interval shares itself.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+
+from shared.core.profiles import ModelProfile
 
 MANAGED_LABEL = "dqoes.managed"
 """Only containers carrying this label with value "true" are ever touched."""
@@ -24,6 +27,21 @@ NODE_LABEL = "dqoes.node"
 OBJECTIVE_LABEL = "dqoes.objective_s"
 ALPHA_LABEL = "dqoes.alpha"
 MODEL_LABEL = "dqoes.model"
+
+
+class RealClock:
+    """The capabilities of a runtime of real processes: wall-clock time, no foreknowledge."""
+
+    time_scale: float = 1.0
+
+    def now_s(self) -> float:
+        return time.monotonic()
+
+    def expected(self) -> list[str]:
+        return []
+
+    def latency_curve(self, name: str) -> ModelProfile | None:
+        return None
 
 
 class RuntimeFailure(Exception):
@@ -62,13 +80,32 @@ class RuntimeEvent:
 
 
 class Runtime(Protocol):
-    """What the worker needs from wherever its containers run."""
+    """What the worker needs from wherever its containers run.
+
+    Capabilities are part of the interface, known once `start()` returned and
+    before the controller is built: `cores` (the node's CPU capacity),
+    `now_s()` (the clock the controller runs on: monotonic seconds, or
+    scenario seconds for the simulated runtime), `time_scale` (clock seconds
+    per wall second), `expected()` (containers announced but not started yet)
+    and `latency_curve(name)` (what the runtime knows of a container's latency
+    curve: the simulated runtime knows every one, real runtimes none).
+    """
 
     node: str
     cores: float
+    time_scale: float
+
+    def now_s(self) -> float:
+        """The controller's clock, in seconds."""
+
+    def expected(self) -> list[str]:
+        """Containers known to be coming that are not running yet (objectives may be set ahead)."""
+
+    def latency_curve(self, name: str) -> ModelProfile | None:
+        """The container's true latency curve where the runtime knows it, else None."""
 
     async def start(self) -> None:
-        """Connect; after this `containers()` and `events()` work."""
+        """Connect; after this `cores` is known and `containers()` and `events()` work."""
 
     async def containers(self) -> list[RuntimeContainer]:
         """The managed containers running now."""

@@ -35,6 +35,7 @@ from shared.runtime.base import (
     MODEL_LABEL,
     NODE_LABEL,
     OBJECTIVE_LABEL,
+    RealClock,
     RuntimeContainer,
     RuntimeEvent,
     RuntimeFailure,
@@ -47,6 +48,18 @@ EXIT_WAIT_S = 3.0
 """How long close() waits for a process after SIGTERM before SIGKILL."""
 
 
+@dataclass(frozen=True, slots=True)
+class PlannedProcess:
+    """A workload the runtime starts by itself, `start_after_s` seconds after `start()`."""
+
+    name: str
+    argv: tuple[str, ...]
+    start_after_s: float = 0.0
+    objective_s: float | None = None
+    alpha: float | None = None
+    model: str | None = None
+
+
 @dataclass(slots=True)
 class _Spawned:
     container: RuntimeContainer
@@ -56,7 +69,7 @@ class _Spawned:
     running: bool = True
 
 
-class CgroupRuntime:
+class CgroupRuntime(RealClock):
     """Processes spawned by this runtime, each in <root>/<parent>/<name>, limited by quota files.
 
     `cores` defaults to os.cpu_count(); limits are fractions of it.
@@ -68,7 +81,9 @@ class CgroupRuntime:
         cores: float | None = None,
         root: str | Path = cgroupfs.DEFAULT_ROOT,
         parent: str = "dqoes",
+        plan: Sequence[PlannedProcess] = (),
     ) -> None:
+        """`plan`: workloads to start on their own schedule once started (`dqoes up --runtime cgroup`)."""
         self.node = node
         self.cores: float = float(cores or os.cpu_count() or 1)
         self.root = Path(root)
@@ -78,6 +93,8 @@ class CgroupRuntime:
         self._spawned: dict[str, _Spawned] = {}
         self._subscribers: set[_Subscription] = set()
         self._closed = False
+        self._plan = tuple(sorted(plan, key=lambda p: (p.start_after_s, p.name)))
+        self._launcher: asyncio.Task[int] | None = None
 
     # ---- Runtime protocol ------------------------------------------------------
 
@@ -109,6 +126,23 @@ class CgroupRuntime:
             version,
             group.cpu_dir,
         )
+        if self._plan:
+            self._launcher = asyncio.create_task(self._launch(), name=f"cgroup-plan-{self.node}")
+
+    async def _launch(self) -> int:
+        """Start each planned workload at its time; returns how many started."""
+        t0 = asyncio.get_running_loop().time()
+        started = 0
+        for p in self._plan:
+            wait_s = t0 + p.start_after_s - asyncio.get_running_loop().time()
+            if wait_s > 0:
+                await asyncio.sleep(wait_s)
+            try:
+                await self.spawn(p.name, p.argv, objective_s=p.objective_s, alpha=p.alpha, model=p.model)
+                started += 1
+            except RuntimeFailure as e:
+                log.warning("container %s not started: %s", p.name, e)
+        return started
 
     async def spawn(
         self,
@@ -219,6 +253,10 @@ class CgroupRuntime:
         if self._closed:
             return
         self._closed = True
+        if self._launcher is not None:
+            self._launcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._launcher
         for entry in self._spawned.values():
             if entry.running:
                 with contextlib.suppress(OSError):

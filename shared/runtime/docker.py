@@ -44,6 +44,7 @@ from shared.runtime.base import (
     MODEL_LABEL,
     NODE_LABEL,
     OBJECTIVE_LABEL,
+    RealClock,
     RuntimeContainer,
     RuntimeEvent,
     RuntimeFailure,
@@ -89,7 +90,7 @@ def parse_labels(labels: Mapping[str, str]) -> tuple[float | None, float | None,
     return objective_s, alpha, "; ".join(errors) or None
 
 
-class DockerRuntime:
+class DockerRuntime(RealClock):
     """Containers of one Docker engine, limited through Docker's own update API.
 
     It manages the running containers labelled `dqoes.managed=true` whose

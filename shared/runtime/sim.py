@@ -27,9 +27,9 @@ from typing import Any
 from shared.aio import wait_event
 from shared.core.profiles import ModelProfile
 from shared.runtime.base import RuntimeContainer, RuntimeEvent, RuntimeFailure
+from shared.scenarios.placement import place
+from shared.scenarios.spec import ContainerSpec, Scenario
 from shared.sim.physics import BatchDone, SimNode
-from shared.sim.placement import place
-from shared.sim.scenario import ContainerSpec, Scenario
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +96,11 @@ class SimRuntime:
         return sorted(
             n for n in self._specs if n not in self._sim.containers and n not in self._finished
         )
+
+    def latency_curve(self, name: str) -> ModelProfile | None:
+        """Every simulated container's true curve (what makes the oracle possible here)."""
+        c = self._specs.get(name)
+        return None if c is None else self.scenario.profile_of(c)
 
     # -- Runtime interface ------------------------------------------------------
 

@@ -12,6 +12,7 @@ batches, and their difference is the policy's alone.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import math
 import random
@@ -19,29 +20,36 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from shared.core.baselines import DefaultPolicy
-from shared.core.controller import NodeController, Policy
-from shared.core.dqoes import DQoESPolicy
-from shared.core.oracle import OracleItem, OraclePolicy, plan_node
-from shared.core.types import Decision, is_satisfied
+from shared.core import registry
+from shared.core.controller import NodeController
+from shared.core.measures import SETTLED_MOVE, converged, limit_move, plateau, rounds_to_settle
+from shared.core.oracle import OracleItem, plan_node
+from shared.core.policy import Policy, PolicyContext
+from shared.core.profiles import ModelProfile
+from shared.core.types import Decision, is_met, is_satisfied
+from shared.scenarios.placement import place
+from shared.scenarios.spec import Scenario
 from shared.sim.physics import SimNode
-from shared.sim.placement import place
-from shared.sim.scenario import Scenario
-
-POLICIES = ("dqoes", "default", "oracle")
 
 
-def make_policy(name: str, scenario: Scenario) -> Policy:
-    """A fresh policy instance for one node of the scenario."""
-    p = scenario.controller
-    if name == "dqoes":
-        return DQoESPolicy(p)
-    if name == "default":
-        return DefaultPolicy(alpha=p.alpha, interval_s=p.initial_interval_s)
-    if name == "oracle":
-        profiles = {c.name: scenario.profile_of(c) for c in scenario.containers}
-        return OraclePolicy(profiles, alpha=p.alpha, interval_s=p.initial_interval_s, total_resource=p.total_resource)
-    raise ValueError(f"unknown policy {name!r} (choose from {', '.join(POLICIES)})")
+def policy_context(scenario: Scenario, work_factor: Callable[[str], float] | None = None) -> PolicyContext:
+    """What the simulator can tell a policy: every container's true latency curve, drift included."""
+    specs = {c.name: c for c in scenario.containers}
+
+    def curve_of(name: str) -> ModelProfile | None:
+        c = specs.get(name)
+        if c is None:
+            return None
+        p = scenario.profile_of(c)
+        f = 1.0 if work_factor is None else work_factor(name)
+        return p if f == 1.0 else dataclasses.replace(p, work_cpu_s=p.work_cpu_s * f)
+
+    return PolicyContext(curve_of)
+
+
+def make_policy(name: str, scenario: Scenario, context: PolicyContext | None = None) -> Policy:
+    """A fresh policy instance for one node of the scenario (through the registry)."""
+    return registry.build(name, scenario.policy_settings(), context or policy_context(scenario))
 
 
 @dataclass(slots=True)
@@ -56,6 +64,7 @@ class FinalContainer:
     limit: float | None
     cpu_share: float | None
     batches: int
+    met: bool = False
 
 
 @dataclass(slots=True)
@@ -80,6 +89,31 @@ class SimResult:
     final_window_s: float = 0.0
     series: list[tuple[float, int]] = field(default_factory=list)
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    met_final: int = 0
+    """Plateau of met (latest batch at or under (1 + alpha) x objective), summed over nodes."""
+    met_per_node: dict[str, int] = field(default_factory=dict)
+    met_at_end: int = 0
+    oracle_met: int = 0
+    """The most containers any steady allocation could keep met (knows every curve)."""
+    cpu_cores_final: float = 0.0
+    """Cores the managed containers used, on average over the final window, all nodes."""
+    cores_total: float = 0.0
+    limit_changes: int = 0
+    container_rounds: int = 0
+    """Sum over rounds of the containers each round decided for (the denominator of changes per container per round)."""
+    settle: dict[str, Any] = field(default_factory=dict)
+    """Rounds that still moved a limit after the last arrival, departure or objective change
+    anywhere, and the seconds until the last of them (per node: max and mean); and per container,
+    the rounds that moved its own limit after its own arrival or last change (max and mean)."""
+    met_series: list[tuple[float, int]] = field(default_factory=list)
+
+    @property
+    def cpu_cores_idle_final(self) -> float:
+        return max(0.0, self.cores_total - self.cpu_cores_final)
+
+    @property
+    def changes_per_container_round(self) -> float:
+        return self.limit_changes / self.container_rounds if self.container_rounds else 0.0
 
     def summary(self) -> dict[str, Any]:
         """The JSON object `dqoes experiment run --json` prints."""
@@ -89,12 +123,22 @@ class SimResult:
             "seed": self.seed,
             "containers": self.containers,
             "nodes": self.nodes,
+            "met_final": self.met_final,
+            "met_per_node": self.met_per_node,
+            "met_at_end": self.met_at_end,
             "satisfied_final": self.satisfied_final,
             "satisfied_per_node": self.satisfied_per_node,
             "satisfied_at_end": self.satisfied_at_end,
+            "cpu_cores_final": round(self.cpu_cores_final, 3),
+            "cpu_cores_idle_final": round(self.cpu_cores_idle_final, 3),
+            "cores_total": self.cores_total,
             "final_window_s": self.final_window_s,
+            "oracle_met": self.oracle_met,
             "oracle_satisfied": self.oracle_satisfied,
             "oracle_per_node": self.oracle_per_node,
+            "limit_changes": self.limit_changes,
+            "changes_per_container_round": round(self.changes_per_container_round, 4),
+            "settle": self.settle,
             "converged_round": self.converged_round,
             "converged_at_s": self.converged_at_s,
             "rounds": self.rounds,
@@ -106,6 +150,7 @@ class SimResult:
                     "model": f.model,
                     "objective_s": f.objective_s,
                     "latency_s": _r(f.latency_s),
+                    "met": f.met,
                     "satisfied": f.satisfied,
                     "limit": _r(f.limit),
                     "cpu_share": _r(f.cpu_share),
@@ -120,39 +165,6 @@ def _r(x: float | None, nd: int = 4) -> float | None:
     return None if x is None else round(x, nd)
 
 
-def plateau(series: list[tuple[float, int]], start_s: float, end_s: float, samples: int = 61) -> int:
-    """Lower median of a step function |S|(t) sampled evenly over [start_s, end_s].
-
-    One instant of a noisy system is a coin flip at the band edges; the
-    paper reads the level its figures settle at. Lower median: a tie counts
-    against the policy.
-    """
-    if not series:
-        return 0
-    vals = []
-    j = -1
-    for k in range(samples):
-        t = start_s + (end_s - start_s) * k / max(1, samples - 1)
-        while j + 1 < len(series) and series[j + 1][0] <= t:
-            j += 1
-        vals.append(series[j][1] if j >= 0 else 0)
-    vals.sort()
-    return vals[(len(vals) - 1) // 2]
-
-
-def converged(series: list[tuple[float, int]]) -> tuple[int | None, float | None]:
-    """First round (1-based) after which |S| never changed again; None if it moved last round."""
-    if not series:
-        return None, None
-    last_change = 0
-    for i in range(1, len(series)):
-        if series[i][1] != series[i - 1][1]:
-            last_change = i
-    if last_change == len(series) - 1 and len(series) > 1:
-        return None, None
-    return last_change + 1, series[last_change][0]
-
-
 def simulate(
     scenario: Scenario,
     policy: str,
@@ -161,15 +173,28 @@ def simulate(
     record: bool = False,
     progress: Callable[[float], None] | None = None,
     final_window_s: float = 120.0,
+    context: PolicyContext | None = None,
 ) -> SimResult:
-    """Run one scenario under one policy; `record` keeps the per-round timeline."""
+    """Run one scenario under one policy; `record` keeps the per-round timeline.
+
+    `context`: what the policy is told (default: every container's true
+    curve, which only the oracle, or a policy asked to use a prior, reads);
+    a benchmark passes deliberately wrong curves to test a prior.
+    """
     seed = scenario.seed if seed is None else seed
     seed = 1 if seed is None else seed
     end = scenario.duration_s
     nodes = {n.name: SimNode(n.name, n.cores) for n in scenario.nodes}
-    ctrls = {n.name: NodeController(n.name, n.cores, make_policy(policy, scenario)) for n in scenario.nodes}
-    specs = {c.name: c for c in scenario.containers}
     placed: dict[str, str] = {}
+
+    def work_factor_now(cname: str) -> float:
+        node = nodes.get(placed.get(cname, ""))
+        sc = node.containers.get(cname) if node is not None else None
+        return 1.0 if sc is None else sc.work_factor
+
+    context = policy_context(scenario, work_factor_now) if context is None else context
+    ctrls = {n.name: NodeController(n.name, n.cores, make_policy(policy, scenario, context)) for n in scenario.nodes}
+    specs = {c.name: c for c in scenario.containers}
     latest: dict[str, float] = {}
     batches: dict[str, int] = {}
     placement = place(scenario)
@@ -184,9 +209,18 @@ def simulate(
         heapq.heappush(heap, (c.submit_at_s, 1, "submit", c.name))
         if c.duration_s is not None and c.submit_at_s + c.duration_s < end:
             heapq.heappush(heap, (c.submit_at_s + c.duration_s, 0, "finish", c.name))
+        for i, ch in enumerate(c.changes):
+            if ch.at_s < end:
+                heapq.heappush(heap, (ch.at_s, 3, f"change:{i}", c.name))
+    objective_now = {c.name: c.objective_s for c in scenario.containers}
+    last_event_s = 0.0
+    own_event_s: dict[str, float] = {}
+    """Each container's latest arrival or change: its own moves after it are counted."""
+    own_moves: dict[str, int] = {}
     window_at = max(0.0, end - min(final_window_s, end / 10))
     heapq.heappush(heap, (window_at, 2, "window", ""))
     window_cpu: dict[str, float] = {}
+    window_cpu_removed: dict[str, float] = {}
 
     if record:
         timeline.append(
@@ -209,21 +243,39 @@ def simulate(
             }
         )
 
+    node_met = {n: 0 for n in nodes}
+    node_met_series: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
+    met_series: list[tuple[float, int]] = []
+    round_log: dict[str, list[tuple[float, float]]] = {n: [] for n in nodes}
+    counters = {"changes": 0, "container_rounds": 0}
+
     def record_round(d: Decision, t: float) -> None:
         node_satisfied[d.node] = d.satisfied
         node_series[d.node].append((t, d.satisfied))
         total = sum(node_satisfied.values())
         series.append((t, total))
+        node_met[d.node] = d.met
+        node_met_series[d.node].append((t, d.met))
+        met_series.append((t, sum(node_met.values())))
+        counters["container_rounds"] += len(d.containers)
+        moved = 0.0
+        for c in d.changes:
+            counters["changes"] += 1
+            m = limit_move(c.old_limit, c.new_limit)
+            moved = max(moved, m)
+            if m > SETTLED_MOVE and t > own_event_s.get(c.name, 0.0):
+                own_moves[c.name] = own_moves.get(c.name, 0) + 1
+        round_log[d.node].append((t, moved))
         if not record:
             return
         counts = d.counts
         timeline.append(
             {
                 "kind": "round", "t_s": round(t, 3), "node": d.node, "round": len(series),
-                "q_g_s": round(d.q_g_s, 3), "q_b_s": round(d.q_b_s, 3), "satisfied": d.satisfied,
+                "slack_sum_g_s": round(d.slack_sum_g_s, 3), "slack_sum_b_s": round(d.slack_sum_b_s, 3), "satisfied": d.satisfied,
                 "G": counts["G"], "S": counts["S"], "B": counts["B"], "pending": counts["pending"],
                 "interval_s": d.interval_s, "listener": d.listener, "event": d.event,
-                "satisfied_total": total,
+                "satisfied_total": total, "met": d.met, "met_total": met_series[-1][1],
             }
         )
         for c in d.containers:
@@ -231,8 +283,8 @@ def simulate(
                 {
                     "kind": "container", "t_s": round(t, 3), "node": d.node, "round": len(series),
                     "container": c.name, "model": specs[c.name].model,
-                    "objective_s": specs[c.name].objective_s,
-                    "cls": c.cls.value if c.cls else None, "q_s": _r(c.q_s, 3),
+                    "objective_s": objective_now[c.name],
+                    "cls": c.cls.value if c.cls else None, "slack_s": _r(c.slack_s, 3),
                     "limit": _r(c.new_limit), "latency_s": _r(c.latency_s, 3),
                     "cpu_share": _r(c.cpu_share), "reason": c.reason,
                 }
@@ -250,7 +302,7 @@ def simulate(
         t = min(t_evt, t_node, t_round, end)
         for name, node in nodes.items():
             for b in node.advance(t):
-                ctrls[name].record_latency(b.container, b.latency_s, t)
+                ctrls[name].record_latency(b.container, b.latency_s, t, b.cpu_s)
                 latest[b.container] = b.latency_s
                 batches[b.container] = batches.get(b.container, 0) + 1
         while heap and heap[0][0] <= t:
@@ -259,6 +311,24 @@ def simulate(
                 window_cpu = {k: v for n in nodes.values() for k, v in n.cpu_totals().items()}
                 continue
             spec = specs[cname]
+            last_event_s = t
+            if kind != "finish":
+                own_event_s[cname] = t
+                own_moves[cname] = 0
+            if kind.startswith("change:"):
+                ch = spec.changes[int(kind.split(":")[1])]
+                where = placed.get(cname)
+                if where is None or cname not in nodes[where].containers:
+                    continue
+                if ch.work_factor is not None:
+                    for b in nodes[where].set_work_factor(cname, ch.work_factor, t):
+                        ctrls[where].record_latency(b.container, b.latency_s, t, b.cpu_s)
+                        latest[b.container] = b.latency_s
+                        batches[b.container] = batches.get(b.container, 0) + 1
+                if ch.objective_s is not None:
+                    objective_now[cname] = ch.objective_s
+                    ctrls[where].set_objective(cname, ch.objective_s, t, spec.alpha)
+                continue
             if kind == "submit":
                 where = placement[cname]
                 placed[cname] = where
@@ -271,6 +341,10 @@ def simulate(
                                  alpha=spec.alpha, limit=limit)
             else:
                 where = placed[cname]
+                if t > window_at and spec.objective_s is not None:
+                    gone = nodes[where].containers.get(cname)
+                    if gone is not None:
+                        window_cpu_removed[cname] = gone.cpu_total_s - window_cpu.get(cname, 0.0)
                 nodes[where].remove(cname, t)
                 ctrls[where].remove(cname, t)
                 latest.pop(cname, None)
@@ -291,32 +365,55 @@ def simulate(
 
     final: list[FinalContainer] = []
     at_end = {n: 0 for n in nodes}
+    met_end = {n: 0 for n in nodes}
     oracle_per_node = {}
+    oracle_met = 0
+    span = end - window_at
+    cpu_window_s = sum(window_cpu_removed.values())
     for name, node in nodes.items():
         ctrl = ctrls[name]
         items = []
-        span = end - window_at
         for cname, sc in node.containers.items():
             spec = specs[cname]
             alpha = spec.alpha if spec.alpha is not None else scenario.controller.alpha
+            objective = objective_now[cname]
             lat = latest.get(cname)
-            ok = is_satisfied(spec.objective_s, lat, alpha)
+            ok = is_satisfied(objective, lat, alpha)
+            met = is_met(objective, lat, alpha)
             at_end[name] += ok
+            met_end[name] += met
             used = sc.cpu_total_s - window_cpu.get(cname, 0.0)
+            if objective is not None:
+                cpu_window_s += used
             began = max(window_at, sc.started_at_s)
             share = used / ((end - began) * node.cores) if end > began and span > 0 else None
             tracked = ctrl.containers.get(cname)
             final.append(
-                FinalContainer(cname, name, spec.model, spec.objective_s, alpha, lat, ok,
-                               tracked.limit if tracked else sc.limit, share, batches.get(cname, 0))
+                FinalContainer(cname, name, spec.model, objective, alpha, lat, ok,
+                               tracked.limit if tracked else sc.limit, share, batches.get(cname, 0), met)
             )
-            if spec.objective_s is not None:
-                items.append(OracleItem(cname, spec.objective_s, alpha, scenario.profile_of(spec)))
-        oracle_per_node[name] = plan_node(items, node.cores, scenario.controller.total_resource).count
+            if objective is not None:
+                p = scenario.profile_of(spec)
+                if sc.work_factor != 1.0:
+                    p = dataclasses.replace(p, work_cpu_s=p.work_cpu_s * sc.work_factor)
+                items.append(OracleItem(cname, objective, alpha, p))
+        plan = plan_node(items, node.cores, scenario.controller.total_resource)
+        oracle_per_node[name] = plan.count
+        oracle_met += plan.met_count
     if progress is not None:
         progress(1.0)
     conv, conv_at = converged(series)
     per_node = {n: plateau(node_series[n], window_at, end) for n in nodes}
+    met_per_node = {n: plateau(node_met_series[n], window_at, end) for n in nodes}
+    settles = [rounds_to_settle(round_log[n], last_event_s) for n in nodes if round_log[n]]
+    settle = {
+        "after_s": round(last_event_s, 3),
+        "rounds_max": max((r for r, _ in settles), default=0),
+        "rounds_mean": round(sum(r for r, _ in settles) / len(settles), 3) if settles else 0.0,
+        "seconds_max": round(max((x for _, x in settles), default=0.0), 3),
+        "container_rounds_max": max(own_moves.values(), default=0),
+        "container_rounds_mean": round(sum(own_moves.values()) / len(own_moves), 3) if own_moves else 0.0,
+    }
     return SimResult(
         scenario=scenario.name,
         policy=policy,
@@ -336,4 +433,14 @@ def simulate(
         final_window_s=end - window_at,
         series=series,
         timeline=timeline,
+        met_final=sum(met_per_node.values()),
+        met_per_node=met_per_node,
+        met_at_end=sum(met_end.values()),
+        oracle_met=oracle_met,
+        cpu_cores_final=cpu_window_s / span if span > 0 else 0.0,
+        cores_total=sum(n.cores for n in nodes.values()),
+        limit_changes=counters["changes"],
+        container_rounds=counters["container_rounds"],
+        settle=settle,
+        met_series=met_series,
     )

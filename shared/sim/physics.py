@@ -76,11 +76,13 @@ class SimContainer:
     rate: float = 0.0
     cpu_total_s: float = 0.0
     history: list[BatchDone] = field(default_factory=list)
+    work_factor: float = 1.0
+    """Multiplier on the profile's work (a drifting curve); 1.0: the profile itself."""
 
     def start_batch(self, now_s: float) -> None:
         noise = math.exp(self.rng.gauss(0.0, self.noise_sigma)) if self.noise_sigma > 0 else 1.0
         warm = self.profile.warmup_factor if self.batch == 0 else 1.0
-        self.work_left = self.profile.work_cpu_s * noise * warm
+        self.work_left = self.profile.work_cpu_s * self.work_factor * noise * warm
         self.overhead_left = self.profile.overhead_s
         self.batch_started_at_s = now_s
         self.batch_cpu_s = 0.0
@@ -127,6 +129,18 @@ class SimNode:
         """Limit as a fraction of the node (None: no quota)."""
         done = self.advance(now_s)
         self.containers[name].limit = limit
+        self._rates()
+        return done
+
+    def set_work_factor(self, name: str, factor: float, now_s: float) -> list[BatchDone]:
+        """The container's curve changes now: the rest of this batch and every later one cost `factor` x."""
+        if not (math.isfinite(factor) and factor > 0):
+            raise ValueError(f"work factor must be > 0, got {factor!r}")
+        done = self.advance(now_s)
+        c = self.containers[name]
+        if c.computing:
+            c.work_left *= factor / c.work_factor
+        c.work_factor = factor
         self._rates()
         return done
 

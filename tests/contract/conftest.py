@@ -320,7 +320,7 @@ class SimHarness(Harness):
     owns_workloads = True
 
     def _spec(self, name: str, busy: bool, objective_s=None, alpha=None, model=None):
-        from shared.sim.scenario import ContainerSpec
+        from shared.scenarios.spec import ContainerSpec
 
         return ContainerSpec(name, model or ("busy" if busy else "idle"), objective_s, alpha=alpha)
 
@@ -360,7 +360,7 @@ class SimHarness(Harness):
 @asynccontextmanager
 async def sim_harness() -> AsyncIterator[Harness]:
     from shared.runtime.sim import SimRuntime
-    from shared.sim.scenario import NodeSpec, Scenario
+    from shared.scenarios.spec import NodeSpec, Scenario
 
     empty = Scenario("contract", (NodeSpec("test-node", 2.0),), (), {}, 1e9, noise_sigma=0.0)
     h = SimHarness()

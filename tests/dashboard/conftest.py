@@ -18,7 +18,7 @@ import pytest
 import streamlit as st
 
 from services.cli.stack import Stack, StackSpec
-from shared.sim.builtin import load
+from shared.scenarios.builtin import load
 from shared.sim.engine import SimResult, simulate
 from shared.timeline import run_file_name, write_jsonl
 

@@ -20,12 +20,12 @@ from dashboard import views
 from dashboard.live import Collector
 from shared import subjects
 from shared.bus import Bus
-from shared.schema import ClusterState
+from shared.public import ClusterState
 
 pytestmark = pytest.mark.integration
 
 COUNTS = ("satisfied", "G", "S", "B", "pending", "containers")
-SUMS = ("q_g_s", "q_s_s", "q_b_s")
+SUMS = ("slack_sum_g_s", "slack_sum_s_s", "slack_sum_b_s")
 
 
 def _has_samples(run, cs: ClusterState) -> bool:
@@ -60,9 +60,9 @@ def _check(run, cs: ClusterState) -> None:
         t_s = float(r.loc[(r["node"] == node) & (r["at"] == n.at), "t_s"].iloc[-1])
         s_here = sat[(sat["series"] == node) & (sat["t_s"] == t_s)]["satisfied"]
         assert s_here.iloc[-1] == n.satisfied
-        q_here = q[(q["node"] == node) & (q["t_s"] == t_s)].set_index("measure")["q_s"]
-        assert q_here["Q_G"] == pytest.approx(n.q_g_s) and q_here["Q_B"] == pytest.approx(n.q_b_s)
-        assert q_here["Q_S"] == pytest.approx(n.q_s_s)
+        q_here = q[(q["node"] == node) & (q["t_s"] == t_s)].set_index("measure")["slack_sum_s"]
+        assert q_here["Q_G"] == pytest.approx(n.slack_sum_g_s) and q_here["Q_B"] == pytest.approx(n.slack_sum_b_s)
+        assert q_here["Q_S"] == pytest.approx(n.slack_sum_s_s)
         c = run.containers
         seq = int(r.loc[(r["node"] == node) & (r["at"] == n.at), "round"].iloc[-1])
         classes = c[(c["node"] == node) & (c["round"] == seq)]["cls"].value_counts()

@@ -11,9 +11,9 @@ from dash_helpers import wait_until
 from dashboard import live
 from dashboard.live import Collector, History, TimeOrigin
 from dashboard.synthetic import node_states
+from services.manager.logic import aggregate
 from shared import subjects
 from shared.bus import Bus
-from shared.schema import aggregate
 
 # --- History (no bus) -------------------------------------------------------------------------
 

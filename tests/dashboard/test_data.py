@@ -10,7 +10,8 @@ import pytest
 from dashboard import config, data, forms
 from dashboard.synthetic import node_states
 from shared.core.types import Cls
-from shared.schema import MAX_OBJECTIVE_S, ContainerState, NodeState, parse_target
+from shared.public import MAX_OBJECTIVE_S, parse_target
+from shared.schema import ContainerState, NodeState
 from shared.timeline import read_jsonl
 
 # --- timeline files ------------------------------------------------------------------------
@@ -31,6 +32,15 @@ def test_a_simulator_timeline_reads_back_whole(sim_runs):
         assert (run.rounds["containers"] == members).all()
         n_containers = sum(1 for r in read_jsonl(path) if r.get("kind") == "container")
         assert len(run.containers) == n_containers
+
+
+def test_a_timeline_written_with_the_v1_names_reads_the_same(sim_runs, tmp_path):
+    old = {new: old for old, new in data.OLD_NAMES.items()}
+    rows = [{old.get(k, k): v for k, v in r.items()} for r in read_jsonl(sim_runs.files["dqoes"])]
+    assert any("q_g_s" in r for r in rows) and any("q_s" in r for r in rows)
+    a = data.run_from_rows(rows, "v1")
+    b = data.load_timeline(sim_runs.files["dqoes"], "v1")
+    assert a.rounds.equals(b.rounds) and a.containers.equals(b.containers)
 
 
 def test_an_upload_reads_as_the_file_does_and_torn_lines_are_skipped(sim_runs):
@@ -76,8 +86,8 @@ def test_a_node_state_becomes_one_round_row_and_a_row_per_container():
         len(ns.members[k]) for k in ("G", "S", "B", "pending")
     )
     assert r["satisfied"] == ns.satisfied == r["S"]
-    assert r["q_s_s"] == pytest.approx(
-        math.fsum(c.q_s for c in ns.containers if c.cls is Cls.S)
+    assert r["slack_sum_s_s"] == pytest.approx(
+        math.fsum(c.slack_s for c in ns.containers if c.cls is Cls.S)
     )
     assert (r["listener"], r["event"], r["containers"]) == ("kept", "latency", 5)
     assert len(rows) == 5
@@ -99,8 +109,8 @@ def test_unmanaged_and_pending_containers_are_named_so():
         round=3,
         at=1.7e9,
         interval_s=10.0,
-        q_g_s=0.0,
-        q_b_s=0.0,
+        slack_sum_g_s=0.0,
+        slack_sum_b_s=0.0,
         satisfied=0,
         members={"G": (), "S": (), "B": (), "pending": ("new",)},
         containers=(

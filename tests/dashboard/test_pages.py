@@ -20,7 +20,7 @@ from streamlit.testing.v1 import AppTest
 from dashboard import config, data, views
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
-from shared.sim.builtin import load
+from shared.scenarios.builtin import load
 
 REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "dashboard" / "app.py")
@@ -99,13 +99,15 @@ def test_recorded_comparison_states_the_ratio_and_shares_the_axes(monkeypatch, s
     assert [m.value for m in at.metric] == [f"{d} of 40", f"{b} of 40"]
     assert [m.label.split(" (")[0] for m in at.metric] == ["DQoES", "default Swarm"]
     charts = specs(at)
-    assert len(charts) == 8  # four figures, each side by side
+    assert len(charts) == 9  # both runs on one axis, then four figures each side by side
 
     def domains(spec):
         enc = spec.get("spec", spec)["encoding"]
         return enc["x"]["scale"]["domain"], enc["y"]["scale"]["domain"]
 
-    for left, right in zip(charts[::2], charts[1::2], strict=True):
+    assert [len(c["hconcat"]) for c in charts[:1]] == [2]  # the runs figure: counts, CPU split
+    pairs = charts[1:]
+    for left, right in zip(pairs[::2], pairs[1::2], strict=True):
         assert domains(left) == domains(right)
     # The tables are the view's own: the summary of each run.
     runs = views.compare_order([data.load_timeline(f) for f in sim_runs.files.values()])
@@ -223,8 +225,10 @@ def test_twin_runs_side_by_side_on_the_same_axes(monkeypatch, small_stack, defau
     assert headline.startswith("DQoES satisfied ") and " of 6 containers, default Swarm " in headline
     assert form == "Set an objective"
     charts = specs(at)
-    assert len(charts) == 8
-    for left, right in zip(charts[::2], charts[1::2], strict=True):
+    assert len(charts) == 9  # both runs on one axis, then four figures each side by side
+    assert [len(c["hconcat"]) for c in charts[:1]] == [2]  # the runs figure: counts, CPU split
+    pairs = charts[1:]
+    for left, right in zip(pairs[::2], pairs[1::2], strict=True):
         l_enc = left.get("spec", left)["encoding"]
         r_enc = right.get("spec", right)["encoding"]
         assert l_enc["x"]["scale"] == r_enc["x"]["scale"]

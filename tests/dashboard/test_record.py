@@ -15,7 +15,7 @@ from dashboard import data, views
 from dashboard.live import History, TimeOrigin
 from dashboard.record import Recorder
 from dashboard.synthetic import node_states
-from shared.sim.engine import plateau
+from shared.core.measures import plateau
 
 REPO = Path(__file__).resolve().parents[2]
 

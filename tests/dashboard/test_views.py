@@ -2,7 +2,7 @@
 
 Recorded runs are checked against what the simulator itself wrote or
 returned (its per-round totals, its plateau measure); live tables against
-`shared.schema.aggregate`, the function the manager sums node states with.
+`shared.aggregate`, the function the manager sums node states with.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 from dashboard import data, views
 from dashboard.live import History
 from dashboard.synthetic import node_states
-from shared.schema import aggregate
+from services.manager.logic import aggregate
 from shared.timeline import read_jsonl
 
 
@@ -96,8 +96,8 @@ def test_two_runs_are_drawn_on_identical_axes(sim_runs):
     d = views.domains_for(runs)
     for r in runs:
         assert d.t_s[0] <= r.rounds["t_s"].min() and r.rounds["t_s"].max() <= d.t_s[1]
-        assert d.q_s[0] < r.rounds[["q_g_s", "q_s_s", "q_b_s"]].min().min()
-        assert d.q_s[1] > r.rounds[["q_g_s", "q_s_s", "q_b_s"]].max().max()
+        assert d.slack_sum_s[0] < r.rounds[["slack_sum_g_s", "slack_sum_s_s", "slack_sum_b_s"]].min().min()
+        assert d.slack_sum_s[1] > r.rounds[["slack_sum_g_s", "slack_sum_s_s", "slack_sum_b_s"]].max().max()
     assert d.satisfied_max == 40
     figs = [views.figures(r, d, side_by_side=True) for r in runs]
 
@@ -115,12 +115,12 @@ def test_two_runs_are_drawn_on_identical_axes(sim_runs):
 def test_recorded_q_s_is_the_sum_of_q_over_s_containers(sim_runs):
     run = data.load_timeline(sim_runs.files["dqoes"])
     c = run.containers
-    s = c[c["cls"] == "S"].groupby(["node", "round"])["q_s"].sum()
+    s = c[c["cls"] == "S"].groupby(["node", "round"])["slack_s"].sum()
     r = run.rounds.set_index(["node", "round"])
     assert (r["S"] > 0).any()
     for key, q in s.items():
-        assert r.loc[key, "q_s_s"] == pytest.approx(q)
-    assert (r.loc[r["S"] == 0, "q_s_s"] == 0).all()
+        assert r.loc[key, "slack_sum_s_s"] == pytest.approx(q)
+    assert (r.loc[r["S"] == 0, "slack_sum_s_s"] == 0).all()
 
 
 # --- live tables against the manager's own sum ----------------------------------------------
@@ -136,13 +136,13 @@ def test_node_summary_equals_the_managers_aggregate():
         row = s.loc[node]
         for f in ("satisfied", "G", "S", "B", "pending", "containers"):
             assert row[f] == getattr(n, f), (node, f)
-        for f in ("q_g_s", "q_s_s", "q_b_s", "interval_s", "at"):
+        for f in ("slack_sum_g_s", "slack_sum_s_s", "slack_sum_b_s", "interval_s", "at"):
             assert row[f] == pytest.approx(getattr(n, f), abs=1e-9), (node, f)
     tot = s.loc[views.TOTAL]
     assert tot["satisfied"] == cs.satisfied_total and tot["containers"] == cs.containers_total
     for f in ("G", "S", "B", "pending"):
         assert tot[f] == getattr(cs, f)
-    for f in ("q_g_s", "q_s_s", "q_b_s"):
+    for f in ("slack_sum_g_s", "slack_sum_s_s", "slack_sum_b_s"):
         assert tot[f] == pytest.approx(getattr(cs, f), abs=1e-9)
 
 
@@ -155,7 +155,7 @@ def test_node_summary_at_given_times_picks_those_samples():
     s = views.node_summary(h.run(), at_by_node={n: ns.at for n, ns in past.items()})
     cs = aggregate(past.values(), at=1.0e9 + 1)
     assert s.loc[views.TOTAL, "satisfied"] == cs.satisfied_total
-    assert s.loc[views.TOTAL, "q_b_s"] == pytest.approx(cs.q_b_s)
+    assert s.loc[views.TOTAL, "slack_sum_b_s"] == pytest.approx(cs.slack_sum_b_s)
 
 
 def test_silent_nodes_are_marked_and_left_out_of_the_live_total():
@@ -191,12 +191,12 @@ def test_no_limit_reads_none_and_is_drawn_at_the_whole_node():
     rows = [
         {"kind": "meta", "policy": "default", "nodes": {"n1": 2.0}},
         {"kind": "round", "t_s": 0.0, "node": "n1", "round": 1, "satisfied": 0, "G": 0,
-         "S": 0, "B": 1, "pending": 1, "q_g_s": 0.0, "q_b_s": -1.0, "interval_s": 10.0},
+         "S": 0, "B": 1, "pending": 1, "slack_sum_g_s": 0.0, "slack_sum_b_s": -1.0, "interval_s": 10.0},
         {"kind": "container", "t_s": 0.0, "node": "n1", "round": 1, "container": "a",
-         "objective_s": 1.0, "cls": "B", "q_s": -1.0, "latency_s": 2.0, "limit": None,
+         "objective_s": 1.0, "cls": "B", "slack_s": -1.0, "latency_s": 2.0, "limit": None,
          "cpu_share": 0.4},
         {"kind": "container", "t_s": 0.0, "node": "n1", "round": 1, "container": "b",
-         "objective_s": 1.0, "cls": None, "q_s": None, "latency_s": None, "limit": 0.25},
+         "objective_s": 1.0, "cls": None, "slack_s": None, "latency_s": None, "limit": 0.25},
         {"kind": "container", "t_s": 0.0, "node": "n1", "round": 1, "container": "x",
          "objective_s": None, "cls": None, "limit": None},
     ]
@@ -219,9 +219,9 @@ def test_q_and_interval_series_are_the_nodes_own_values():
     assert set(q["measure"]) == {"Q_G", "Q_S", "Q_B"} and len(q) == 3 * len(run.rounds)
     for ns, _ in node_states(2, 10, 8, seed=1):
         t_s = ns.at - h.origin.t0
-        got = q[(q["node"] == ns.node) & (q["t_s"] == t_s)].set_index("measure")["q_s"]
-        assert got["Q_G"] == pytest.approx(ns.q_g_s) and got["Q_B"] == pytest.approx(ns.q_b_s)
-        assert got["Q_S"] == pytest.approx(data.q_s_sum(ns))
+        got = q[(q["node"] == ns.node) & (q["t_s"] == t_s)].set_index("measure")["slack_sum_s"]
+        assert got["Q_G"] == pytest.approx(ns.slack_sum_g_s) and got["Q_B"] == pytest.approx(ns.slack_sum_b_s)
+        assert got["Q_S"] == pytest.approx(sum(c.slack_s for c in ns.containers if c.cls == "S"))
     iv = views.interval_frame(run)
     assert sorted(iv["interval_s"].unique()) == [10.0, 20.0, 30.0, 40.0]
     lt = views.listener_table(run)
@@ -257,9 +257,9 @@ def test_thinning_keeps_every_step_of_a_step_series():
 
 def test_thinning_bounds_the_points_of_a_noisy_series():
     df = pd.DataFrame(
-        {"t_s": [float(i) for i in range(5000)], "node": "n", "q_s": [math.sin(i) for i in range(5000)]}
+        {"t_s": [float(i) for i in range(5000)], "node": "n", "slack_s": [math.sin(i) for i in range(5000)]}
     )
-    out = views.thin(df, ["node"], ["q_s"], max_points=200)
+    out = views.thin(df, ["node"], ["slack_s"], max_points=200)
     assert 150 <= len(out) <= 200
     assert out["t_s"].iloc[-1] == 4999.0 and out["t_s"].is_monotonic_increasing
 

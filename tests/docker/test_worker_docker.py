@@ -26,8 +26,9 @@ from engine_proxy import EngineProxy
 from services.worker.app import WorkerConfig, build, serve
 from shared import subjects
 from shared.bus import Bus
+from shared.public import parse_target_reply
 from shared.runtime import cgroupfs
-from shared.schema import DecisionMsg, NodeState, parse_target_reply
+from shared.schema import DecisionMsg, NodeState
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.sim.builtin import load
+from shared.scenarios.builtin import load
 from shared.sim.engine import simulate
 from shared.timeline import run_file_name, write_jsonl
 

@@ -14,7 +14,7 @@ import pytest
 
 from services.cli.live import observe
 from services.cli.stack import Stack, StackSpec
-from shared.sim.builtin import load
+from shared.scenarios.builtin import load
 from shared.sim.engine import simulate
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from shared import schema, subjects
+from services.manager.logic import aggregate
+from shared import public, schema, subjects
 from shared.bus import Bus, BusError, Incoming, KVEntry, NoResponders, RequestTimeout
 from shared.natsd import NatsServer
 from shared.schema import ControlMsg, LatencyEvent, ObjectiveAssign
@@ -140,12 +141,12 @@ async def test_request_reply_with_the_public_target_format(nats_url):
 
     async def serve(inc: Incoming) -> None:
         try:
-            t = schema.parse_target(inc.data)
+            t = public.parse_target(inc.data)
         except schema.SchemaError as e:
-            await server.reply(inc, schema.target_reply_error(str(e)))
+            await server.reply(inc, public.target_reply_error(str(e)))
             return
         await server.reply(
-            inc, schema.target_reply_ok(container=t.container, objective_s=t.objective_s)
+            inc, public.target_reply_ok(container=t.container, objective_s=t.objective_s)
         )
 
     await server.subscribe_raw(subject, serve)
@@ -181,11 +182,11 @@ async def test_publish_json_reaches_raw_subscribers(nats_url):
     got: list[bytes] = []
     await sub.subscribe_raw(subject, lambda inc: got.append(inc.data))
     await sub.flush()
-    state = schema.aggregate([], at=5.0)
+    state = aggregate([], at=5.0)
     await pub.publish_json(subject, state)
     await pub.publish_json(subject, {"hello": [1, 2]})
     await wait_until(lambda: len(got) == 2)
-    assert schema.ClusterState.from_json(got[0]) == state
+    assert public.ClusterState.from_json(got[0]) == state
     assert orjson.loads(got[1]) == {"hello": [1, 2]}
     await pub.drain()
     await sub.drain()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from services.cli.stack import Stack, StackSpec
-from shared.sim.builtin import load
+from shared.scenarios.builtin import load
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]

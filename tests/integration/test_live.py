@@ -14,9 +14,10 @@ from services.worker.app import WorkerConfig, build, serve
 from shared import subjects
 from shared.bus import Bus
 from shared.natsd import NatsServer
-from shared.schema import ClusterState, DecisionMsg, LatencyEvent, NodeState, parse_target_reply
-from shared.sim.builtin import load
-from shared.sim.scenario import parse_scenario
+from shared.public import ClusterState, parse_target_reply
+from shared.scenarios.builtin import load
+from shared.scenarios.spec import parse_scenario
+from shared.schema import DecisionMsg, LatencyEvent, NodeState
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
 
@@ -189,7 +190,7 @@ async def test_cluster_state_adds_up_the_node_states(tmp_path):
                            "B": tuple(names[sat + g:sat + g + b]), "pending": (names[-1],)}
                 states.append(NodeState(
                     node=f"node-{i}", policy="dqoes", cores=4.0, round=7, at=time.time(), interval_s=10.0 * (i + 1),
-                    q_g_s=qg, q_b_s=qb, satisfied=sat, members=members, containers=(),
+                    slack_sum_g_s=qg, slack_sum_b_s=qb, satisfied=sat, members=members, containers=(),
                 ))
             cs = None
 
@@ -203,7 +204,7 @@ async def test_cluster_state_adds_up_the_node_states(tmp_path):
             await wait_for_async(lambda: _true_or_raise(query()))
             assert cs.satisfied_total == 4
             assert (cs.G, cs.S, cs.B, cs.pending) == (2, 4, 5, 3)
-            assert cs.q_g_s == pytest.approx(30.0) and cs.q_b_s == pytest.approx(-45.5)
+            assert cs.slack_sum_g_s == pytest.approx(30.0) and cs.slack_sum_b_s == pytest.approx(-45.5)
             assert {n: v.interval_s for n, v in cs.nodes.items()} == {"node-0": 10.0, "node-1": 20.0, "node-2": 30.0}
             # Requests on the published subject are answered the same way.
             same = ClusterState.from_json(await bus.request(subjects.CLUSTER_STATE, b"", timeout_s=2.0))

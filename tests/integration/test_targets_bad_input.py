@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
 from shared.bus import Bus, BusError
-from shared.schema import parse_target_reply
-from shared.sim.builtin import load
+from shared.public import parse_target_reply
+from shared.scenarios.builtin import load
 
 pytestmark = pytest.mark.integration
 

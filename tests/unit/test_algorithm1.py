@@ -67,7 +67,7 @@ def test_sums_over_classes():
             view("p", 40),  # pending
         ]
     )
-    assert (cl.q_g_s, cl.q_b_s) == (30, -10)
+    assert (cl.slack_sum_g_s, cl.slack_sum_b_s) == (30, -10)
     assert cl.r_g == pytest.approx(0.5)
     assert cl.r_b == pytest.approx(0.4)
     assert cl.satisfied == 1
@@ -102,7 +102,7 @@ def test_first_change_starts_from_measured_use():
 def test_q_g_zero_round_moves_nothing():
     # Every container in B and none in G: R_G = 0, free competition.
     cl = classify_views([view("b1", 20, 30, cpu=0.5), view("b2", 20, 35, cpu=0.5, limit=0.5)])
-    assert cl.q_g_s == 0
+    assert cl.slack_sum_g_s == 0
     up = update_limits(cl, 0.1, 1.0, 2)
     assert up["b1"].new_limit is None
     assert up["b2"].new_limit == 0.5
@@ -111,7 +111,7 @@ def test_q_g_zero_round_moves_nothing():
 
 def test_q_b_zero_round_only_shrinks_g():
     cl = classify_views([view("g", 40, 20, cpu=0.4, limit=0.4), view("s", 40, 41, cpu=0.3, limit=0.3)])
-    assert cl.q_b_s == 0
+    assert cl.slack_sum_b_s == 0
     up = update_limits(cl, 0.1, 1.0, 2)
     assert up["g"].new_limit == pytest.approx(0.4 - 0.4 * 0.1)
     assert up["s"].new_limit == 0.3
@@ -146,7 +146,7 @@ def test_container_without_new_batch_keeps_class_and_limit():
     quiet = cl.items[1]
     assert quiet.cls is Cls.G and not quiet.fresh
     # It still counts in Q_G and R_G (it is a member of G) ...
-    assert cl.q_g_s == 20 + 15
+    assert cl.slack_sum_g_s == 20 + 15
     up = update_limits(cl, 0.1, 1.0, 2)
     # ... but its limit does not move until a new batch reports.
     assert up["quiet"].new_limit == 0.3

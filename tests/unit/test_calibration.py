@@ -14,12 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from services.cli import calibrate, svgplot
-from services.cli.experiment import CliError
-from services.cli.main import main
-from shared.core.profiles import BUILTIN_PROFILES
-from shared.sim.builtin import load
-from shared.sim.calibration import (
+from dashboard.render import save as render_save
+from experiments import calibrate
+from experiments.calibration import (
     LimitRun,
     ModelCalibration,
     calibrations_from_document,
@@ -28,8 +25,12 @@ from shared.sim.calibration import (
     profiles_document,
     to_toml,
 )
+from experiments.common import ExperimentError
+from services.cli.main import main
+from shared.core.profiles import BUILTIN_PROFILES
+from shared.scenarios.builtin import load
+from shared.scenarios.spec import ScenarioError, load_profiles_file, parse_profiles
 from shared.sim.engine import simulate
-from shared.sim.scenario import ScenarioError, load_profiles_file, parse_profiles
 
 
 def run(limit, cpu, lat=None, warm_cpu=(), threads=1):
@@ -196,9 +197,9 @@ def test_experiment_run_takes_profiles_from_the_flag_and_the_environment(tmp_pat
 
 def test_calibrate_argument_checks():
     assert calibrate.parse_limits("2, 0.25,0.5,0.5") == [0.25, 0.5, 2.0]
-    with pytest.raises(CliError, match="must be > 0"):
+    with pytest.raises(ExperimentError, match="must be > 0"):
         calibrate.parse_limits("0.5,-1")
-    with pytest.raises(CliError, match="unknown model 'resnet5O'"):
+    with pytest.raises(ExperimentError, match="unknown model 'resnet5O'"):
         calibrate.parse_models("resnet5O")
     assert calibrate.parse_models("nasnetmobile,resnet50,resnet50") == ["nasnetmobile", "resnet50"]
 
@@ -233,16 +234,26 @@ def test_calibrate_reports_from_a_saved_file(tmp_path, capsys):
     assert md.read_text().count(calibrate.BEGIN) == 1
 
 
-def test_svg_figure_is_well_formed_and_carries_every_series():
-    fig = svgplot.figure([
-        svgplot.Panel("lines", "x", "y", [svgplot.Series("a & b", [(0.25, 1.0), (2.0, 30.0)]),
-                                          svgplot.Series("c", [(0, 2), (1, 3)], dashed=True, step=True)],
-                      log_y=True),
-        svgplot.Panel("bars", "c", "v", bars={"g1": [1.0, 2.0], "g2": [0.5, 0.0]}, bar_categories=["x", "y"]),
-    ], caption="cap")
-    root = ET.fromstring(fig)
-    texts = [t.text for t in root.iter("{http://www.w3.org/2000/svg}text")]
-    for want in ("a & b", "c", "g1", "g2", "lines", "bars", "cap"):
-        assert want in texts
-    assert len(list(root.iter("{http://www.w3.org/2000/svg}polyline"))) == 2
-    assert len([r for r in root.iter("{http://www.w3.org/2000/svg}rect") if r.find("{http://www.w3.org/2000/svg}title") is not None]) == 4
+def test_the_calibration_figure_is_the_dashboards_chart_with_every_point(tmp_path):
+    cals = [resnet_cal()]
+    profiles = calibrate.profiles_with_aliases(cals)
+    rows = calibrate.calibration_frame(cals, profiles)
+    limited = [r for r in cals[0].limited()]
+    assert len(rows) == 2 * len(limited)
+    measured = {r["limit_cores"]: r for r in rows if r["source"] == "measured"}
+    assert measured[0.25]["cpu_s"] == pytest.approx(4.1) and measured[0.25]["latency_s"] == pytest.approx(16.4)
+    spec = calibrate.calibration_figure(cals, profiles).to_dict()
+    assert spec["hconcat"][0]["encoding"]["y"]["scale"]["type"] == "log"
+    svg = tmp_path / "c.svg"
+    render_save(calibrate.calibration_figure(cals, profiles), svg)
+    root = ET.fromstring(svg.read_text())
+    texts = {t.text for t in root.iter("{http://www.w3.org/2000/svg}text")}
+    assert "CPU limit (cores)" in texts and any(t and t.startswith("resnet50") for t in texts)
+
+
+def test_figures_are_svg_or_png_only(tmp_path):
+    fig = calibrate.calibration_figure([resnet_cal()], calibrate.profiles_with_aliases([resnet_cal()]))
+    png = render_save(fig, tmp_path / "c.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match=".svg or .png"):
+        render_save(fig, tmp_path / "c.pdf")

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from shared.sim.builtin import BUILTINS
-from shared.sim.engine import converged, plateau, simulate
+from shared.core.measures import converged, plateau
+from shared.scenarios.builtin import BUILTINS
+from shared.sim.engine import simulate
 
 
 def run(name, policy="dqoes", seed=1):

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from services.cli.main import main
-from shared.sim.scenario import ScenarioError, load_scenario_file, parse_scenario
+from shared.scenarios.builtin import BUILTINS
+from shared.scenarios.spec import ScenarioError, load_scenario_file, parse_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "two-nodes.toml"
@@ -99,7 +100,7 @@ def test_run_json_last_line(capsys, tmp_path):
 def test_compare_and_list_json(capsys):
     assert main(["experiment", "list", "--json"]) == 0
     names = [s["name"] for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["scenarios"]]
-    assert len(names) == 6 and "paper-cluster-40" in names
+    assert names == list(BUILTINS) and "paper-cluster-40" in names and "random-cluster-40" in names
     assert main(["experiment", "compare", "paper-identical-achievable", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert obj["policies"]["dqoes"]["satisfied_final"] == 10
@@ -159,8 +160,8 @@ def test_every_service_has_help(service):
 
 
 def test_scenarios_round_trip_through_their_file_form(tmp_path):
-    from shared.sim.builtin import BUILTINS
-    from shared.sim.scenario import scenario_to_dict
+    from shared.scenarios.builtin import BUILTINS
+    from shared.scenarios.spec import scenario_to_dict
 
     for name, make in BUILTINS.items():
         sc = make(3)

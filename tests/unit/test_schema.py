@@ -19,10 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared import schema
+from services.manager.logic import aggregate
+from shared import public, schema
 from shared.core.types import Cls, ContainerDecision, Decision
+from shared.public import ClusterState
 from shared.schema import (
-    ClusterState,
     ContainerDecisionMsg,
     ContainerState,
     ControlMsg,
@@ -56,14 +57,14 @@ SAMPLES: dict[str, schema.Message] = {
         event="objective",
         listener="converging",
         interval_s=20.0,
-        q_g_s=5.0,
-        q_b_s=-3.5,
+        slack_sum_g_s=5.0,
+        slack_sum_b_s=-3.5,
         satisfied=1,
         containers=(
             ContainerDecisionMsg(
                 container="resnet.1",
                 cls=Cls.G,
-                q_s=5.0,
+                slack_s=5.0,
                 latency_s=35.0,
                 cpu_share=0.5,
                 old_limit=0.5,
@@ -73,7 +74,7 @@ SAMPLES: dict[str, schema.Message] = {
             ContainerDecisionMsg(
                 container="minilm",
                 cls=Cls.B,
-                q_s=-3.5,
+                slack_s=-3.5,
                 latency_s=13.5,
                 cpu_share=0.25,
                 old_limit=0.25,
@@ -83,7 +84,7 @@ SAMPLES: dict[str, schema.Message] = {
             ContainerDecisionMsg(
                 container="fresh",
                 cls=None,
-                q_s=None,
+                slack_s=None,
                 latency_s=None,
                 cpu_share=None,
                 old_limit=None,
@@ -100,8 +101,8 @@ SAMPLES: dict[str, schema.Message] = {
         round=42,
         at=1700000000.0,
         interval_s=20.0,
-        q_g_s=5.0,
-        q_b_s=-3.5,
+        slack_sum_g_s=5.0,
+        slack_sum_b_s=-3.5,
         satisfied=1,
         members={"G": ("resnet.1",), "S": ("mobilenet",), "B": ("minilm",), "pending": ("fresh",)},
         containers=(
@@ -112,7 +113,7 @@ SAMPLES: dict[str, schema.Message] = {
                 alpha=0.1,
                 latency_s=35.0,
                 cls=Cls.G,
-                q_s=5.0,
+                slack_s=5.0,
                 limit=0.45,
                 cpu_share=0.5,
                 managed=True,
@@ -124,13 +125,13 @@ SAMPLES: dict[str, schema.Message] = {
                 alpha=0.1,
                 latency_s=10.5,
                 cls=Cls.S,
-                q_s=-0.5,
+                slack_s=-0.5,
                 limit=0.2,
                 cpu_share=0.2,
                 managed=True,
             ),
             ContainerState(
-                container="minilm", objective_s=10.0, latency_s=13.5, cls=Cls.B, q_s=-3.5
+                container="minilm", objective_s=10.0, latency_s=13.5, cls=Cls.B, slack_s=-3.5
             ),
             ContainerState(container="fresh", objective_s=5.0),
         ),
@@ -180,7 +181,20 @@ def test_encode_reproduces_the_golden_bytes(kind):
 def test_golden_bytes_decode_to_the_sample(kind):
     env = schema.decode_envelope((GOLDEN / f"{kind}.msgpack").read_bytes())
     assert env.msg == SAMPLES[kind]
-    assert (env.type, env.v, env.ts, env.sender) == (kind, 1, GOLDEN_TS, GOLDEN_SENDER)
+    assert (env.type, env.v, env.ts, env.sender) == (kind, 2, GOLDEN_TS, GOLDEN_SENDER)
+
+
+@pytest.mark.parametrize("kind", sorted(SAMPLES))
+def test_version_1_bytes_still_decode_to_the_sample(kind):
+    """v1 named slack `q_s` and the class sums `q_g_s`/`q_b_s`; those names are still read."""
+    env = schema.decode_envelope((GOLDEN / "v1" / f"{kind}.msgpack").read_bytes())
+    assert env.msg == SAMPLES[kind]
+    assert env.v == 1
+
+
+def test_version_1_cluster_state_json_still_parses():
+    v1 = public.ClusterState.from_json((GOLDEN / "v1" / "cluster_state.json").read_bytes())
+    assert v1 == aggregate([SAMPLES["node_state"]], at=GOLDEN_TS)
 
 
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
@@ -200,7 +214,7 @@ def test_a_newer_version_decodes_when_the_required_fields_are_there(kind):
 
 def test_golden_cluster_state_json():
     path = GOLDEN / "cluster_state.json"
-    state = schema.aggregate([SAMPLES["node_state"]], at=GOLDEN_TS)
+    state = aggregate([SAMPLES["node_state"]], at=GOLDEN_TS)
     data = state.to_json()
     if os.environ.get("DQOES_UPDATE_GOLDEN") == "1":
         path.write_bytes(data)
@@ -211,7 +225,7 @@ def test_golden_cluster_state_json():
 def test_the_envelope_comes_first_and_is_flat():
     m = golden_map("latency")
     assert list(m)[:4] == ["type", "v", "ts", "sender"]
-    assert m["type"] == "latency" and m["v"] == 1 and m["ts"] == GOLDEN_TS
+    assert m["type"] == "latency" and m["v"] == 2 and m["ts"] == GOLDEN_TS
     assert m["latency_s"] == 12.5 and m["container"] == "resnet.1"
 
 
@@ -297,8 +311,8 @@ def test_from_decision_converts_the_core_decision():
             ContainerDecision("a", Cls.G, 5.0, 35.0, 0.5, 0.5, 0.45, "give"),
             ContainerDecision("b", None, None, None, None, None, 0.5, "pending"),
         ),
-        q_g_s=5.0,
-        q_b_s=0.0,
+        slack_sum_g_s=5.0,
+        slack_sum_b_s=0.0,
         satisfied=0,
         interval_s=10.0,
         listener="initial",
@@ -311,7 +325,7 @@ def test_from_decision_converts_the_core_decision():
     assert msg.containers[0] == ContainerDecisionMsg(
         container="a",
         cls=Cls.G,
-        q_s=5.0,
+        slack_s=5.0,
         latency_s=35.0,
         cpu_share=0.5,
         old_limit=0.5,
@@ -553,7 +567,7 @@ def test_decode_of_mutated_messages_raises_only_schema_error(kind, data):
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=300))
 def test_parse_target_of_arbitrary_bytes_raises_only_schema_error(data):
-    assert_only_schema_error(schema.parse_target, data)
+    assert_only_schema_error(public.parse_target, data)
 
 
 json_values = st.recursive(
@@ -581,12 +595,12 @@ target_like = st.fixed_dictionaries(
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(json_values, target_like))
 def test_parse_target_of_arbitrary_values_raises_only_schema_error(value):
-    assert_only_schema_error(schema.parse_target, pack(value))
+    assert_only_schema_error(public.parse_target, pack(value))
     try:
         as_json = orjson.dumps(value)
     except TypeError:  # bytes or non-finite floats: JSON cannot carry them
         return
-    assert_only_schema_error(schema.parse_target, as_json)
+    assert_only_schema_error(public.parse_target, as_json)
 
 
 # --- public target requests -------------------------------------------------------------
@@ -605,7 +619,7 @@ def test_parse_target_of_arbitrary_values_raises_only_schema_error(value):
     ],
 )
 def test_parse_target_accepts_json_and_msgpack(payload, expected):
-    t = schema.parse_target(payload)
+    t = public.parse_target(payload)
     assert (t.container, t.objective_s, t.alpha) == expected
     assert isinstance(t.objective_s, float)
 
@@ -701,7 +715,7 @@ def test_parse_target_accepts_json_and_msgpack(payload, expected):
 )
 def test_parse_target_rejects_bad_requests_with_a_reason(payload, message):
     with pytest.raises(SchemaError) as info:
-        schema.parse_target(payload)
+        public.parse_target(payload)
     assert message in str(info.value)
     assert "\n" not in str(info.value)
 
@@ -709,26 +723,26 @@ def test_parse_target_rejects_bad_requests_with_a_reason(payload, message):
 def test_a_request_of_exactly_64_kib_is_parsed():
     body = b'{"container": "c01", "objective": 40}'
     payload = body + b" " * (64 * 1024 - len(body))
-    assert schema.parse_target(payload).objective_s == 40.0
+    assert public.parse_target(payload).objective_s == 40.0
 
 
 def test_target_request_to_json_is_what_parse_target_reads():
-    t = schema.TargetRequest(container="web.1", objective_s=12, alpha=0.2)
+    t = public.TargetRequest(container="web.1", objective_s=12, alpha=0.2)
     assert orjson.loads(t.to_json()) == {"container": "web.1", "objective": 12.0, "alpha": 0.2}
-    assert schema.parse_target(t.to_json()) == t
+    assert public.parse_target(t.to_json()) == t
 
 
 def test_target_replies_are_json_with_ok():
-    ok = schema.target_reply_ok(container="c01", objective_s=40.0, revision=3)
+    ok = public.target_reply_ok(container="c01", objective_s=40.0, revision=3)
     assert orjson.loads(ok) == {"ok": True, "container": "c01", "objective_s": 40.0, "revision": 3}
-    err = schema.target_reply_error("objective: must be > 0 seconds per batch, got -3")
+    err = public.target_reply_error("objective: must be > 0 seconds per batch, got -3")
     assert orjson.loads(err) == {
         "ok": False,
         "error": "objective: must be > 0 seconds per batch, got -3",
     }
-    assert schema.parse_target_reply(err)["ok"] is False
+    assert public.parse_target_reply(err)["ok"] is False
     with pytest.raises(SchemaError):
-        schema.parse_target_reply(b'{"error": "x"}')
+        public.parse_target_reply(b'{"error": "x"}')
 
 
 # --- cluster state ----------------------------------------------------------------------
@@ -744,40 +758,41 @@ def test_aggregate_adds_up_the_nodes():
         "b",
         11.0,
         satisfied=2,
-        q_g_s=1.0,
-        q_b_s=-1.0,
+        slack_sum_g_s=1.0,
+        slack_sum_b_s=-1.0,
+        slack_sum_s_s=None,  # left out, as a v1 worker does: summed from the S containers
         members={"S": ("x", "y")},
         containers=(
-            ContainerState(container="x", cls=Cls.S, q_s=0.5),
-            ContainerState(container="y", cls=Cls.S, q_s=-0.25),
+            ContainerState(container="x", cls=Cls.S, slack_s=0.5),
+            ContainerState(container="y", cls=Cls.S, slack_s=-0.25),
         ),
     )
-    c = schema.aggregate([a, b], at=20.0)
+    c = aggregate([a, b], at=20.0)
     assert list(c.nodes) == ["a", "b"]
     assert c.nodes["a"].G == 1 and c.nodes["a"].S == 1 and c.nodes["a"].B == 1
     assert c.nodes["a"].pending == 1 and c.nodes["a"].containers == 4
-    assert c.nodes["a"].q_s_s == -0.5 and c.nodes["b"].q_s_s == 0.25
+    assert c.nodes["a"].slack_sum_s_s == -0.5 and c.nodes["b"].slack_sum_s_s == 0.25
     assert c.satisfied_total == 3 and c.S == 3 and c.G == 1 and c.B == 1 and c.pending == 1
-    assert c.q_g_s == 6.0 and c.q_b_s == -4.5 and c.q_s_s == -0.25
+    assert c.slack_sum_g_s == 6.0 and c.slack_sum_b_s == -4.5 and c.slack_sum_s_s == -0.25
     assert c.containers_total == 6 and c.at == 20.0
 
 
 def test_aggregate_keeps_the_newest_state_per_node():
     old = node_state("a", 10.0, satisfied=0)
     new = node_state("a", 12.0, satisfied=5)
-    assert schema.aggregate([new, old], at=13.0).nodes["a"].satisfied == 5
-    assert schema.aggregate([old, new], at=13.0).satisfied_total == 5
+    assert aggregate([new, old], at=13.0).nodes["a"].satisfied == 5
+    assert aggregate([old, new], at=13.0).satisfied_total == 5
 
 
 def test_aggregate_of_nothing_is_an_empty_cluster():
-    c = schema.aggregate([], at=1.0)
-    assert c.nodes == {} and c.satisfied_total == 0 and c.q_g_s == 0.0 and c.containers_total == 0
+    c = aggregate([], at=1.0)
+    assert c.nodes == {} and c.satisfied_total == 0 and c.slack_sum_g_s == 0.0 and c.containers_total == 0
 
 
 def test_cluster_state_json_round_trip_and_tolerance():
-    c = schema.aggregate([node_state("a", 10.0), node_state("b.x", 11.0)], at=20.0)
+    c = aggregate([node_state("a", 10.0), node_state("b.x", 11.0)], at=20.0)
     obj = orjson.loads(c.to_json())
-    assert obj["type"] == "cluster_state" and obj["v"] == 1
+    assert obj["type"] == "cluster_state" and obj["v"] == 2
     assert obj["nodes"]["b.x"]["satisfied"] == 1 and obj["satisfied_total"] == 2
     obj["new_total"] = 5
     obj["nodes"]["a"]["new_field"] = "x"
@@ -799,6 +814,6 @@ def test_cluster_state_from_json_rejects_with_the_field(data, message):
 
 
 def test_numbers_are_floats_after_construction():
-    ns = dataclasses.replace(SAMPLES["node_state"], cores=2, q_g_s=1)
-    assert isinstance(ns.cores, float) and isinstance(ns.q_g_s, float)
+    ns = dataclasses.replace(SAMPLES["node_state"], cores=2, slack_sum_g_s=1)
+    assert isinstance(ns.cores, float) and isinstance(ns.slack_sum_g_s, float)
     assert math.isclose(ns.cores, 2.0)

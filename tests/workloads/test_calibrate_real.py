@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from experiments.calibration import calibrations_from_document
 from shared.runtime import cgroupfs
-from shared.sim.calibration import calibrations_from_document
-from shared.sim.scenario import load_profiles_file
+from shared.scenarios.spec import load_profiles_file
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ import pytest
 
 from services.cli.live import cgroup_up_problem
 from shared.runtime import cgroupfs
-from shared.sim.scenario import parse_scenario
+from shared.scenarios.spec import parse_scenario
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -19,9 +19,9 @@ operator would; only the worker's runtime talks to the engine's API.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -32,22 +32,33 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.cli import svgplot
-from services.cli.experiment import CliError, emit_json, update_section
+import pandas as pd
+
+from experiments.common import ExperimentError, update_section
 from shared import subjects
 from shared.bus import Bus, BusError
+from shared.core import registry
+from shared.core.measures import plateau
 from shared.core.profiles import BUILTIN_PROFILES, ModelProfile
 from shared.core.types import Cls
 from shared.natsd import NatsServer
 from shared.runtime import cgroupfs
+from shared.scenarios.spec import (
+    ContainerSpec,
+    NodeSpec,
+    Scenario,
+    ScenarioError,
+    load_profiles_file,
+    scenario_to_dict,
+)
 from shared.schema import NodeState
-from shared.sim.engine import plateau, simulate
-from shared.sim.scenario import ContainerSpec, NodeSpec, Scenario, ScenarioError, load_profiles_file
+from shared.sim.engine import simulate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_PROFILES = REPO / "docs" / "calibration" / "profiles.toml"
 BEGIN = "<!-- BEGIN generated: dqoes experiment real -->"
 END = "<!-- END generated: dqoes experiment real -->"
@@ -104,9 +115,13 @@ def forecast(sc: Scenario, policy: str, seed: int = 1) -> dict[str, Any]:
     cores = sc.nodes[0].cores
     return {
         "policy": policy,
+        "met_final": res.met_final,
         "satisfied_final": res.satisfied_final,
+        "cpu_cores_final": round(res.cpu_cores_final, 3),
+        "oracle_met": res.oracle_met,
         "oracle_satisfied": res.oracle_satisfied,
         "series": [(round(t, 1), n) for t, n in res.series],
+        "met_series": [(round(t, 1), n) for t, n in res.met_series],
         "final": {f.name: {"latency_s": f.latency_s, "limit": f.limit,
                            "cpu_cores": None if f.cpu_share is None else round(f.cpu_share * cores, 3),
                            "satisfied": f.satisfied} for f in res.final},
@@ -119,18 +134,24 @@ def forecast(sc: Scenario, policy: str, seed: int = 1) -> dict[str, Any]:
 def _docker(*args: str, check: bool = True, timeout: float = 60) -> str:
     done = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
     if check and done.returncode != 0:
-        raise CliError(f"docker {args[0]} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
+        raise ExperimentError(f"docker {args[0]} failed: {(done.stderr or done.stdout).strip().splitlines()[-1:]}")
     return done.stdout.strip()
 
 
 class RealRun:
-    """NATS + manager + one docker-runtime worker + the inference containers, for one policy."""
+    """NATS + manager + one worker + the inference workloads, for one policy.
+
+    `runtime` "docker": real containers of the workload image, started with
+    the `docker` command; "cgroup": real inference processes the worker's
+    cgroup runtime starts itself from a scenario file (no Docker needed).
+    """
 
     def __init__(self, prefix: str, policy: str, specs: Sequence[ContainerSpec], *, cores: float, image: str,
-                 batch: int, resolution_px: int, run_dir: Path) -> None:
+                 batch: int, resolution_px: int, run_dir: Path, runtime: str = "docker") -> None:
         self.prefix, self.policy, self.specs = prefix, policy, list(specs)
         self.cores, self.image, self.batch, self.resolution_px = cores, image, batch, resolution_px
         self.run_dir = run_dir
+        self.runtime = runtime
         self.node = prefix
         self.nats: NatsServer | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -140,7 +161,7 @@ class RealRun:
         self.t0 = 0.0
 
     def name(self, c: ContainerSpec) -> str:
-        return f"{self.prefix}-{c.name}"
+        return f"{self.prefix}-{c.name}" if self.runtime == "docker" else c.name
 
     def _spawn(self, what: str, args: list[str]) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
@@ -156,9 +177,21 @@ class RealRun:
         self.nats.start()
         url = self.nats.url
         self._spawn("manager", ["-m", "services.manager", "--nats", url, "--cluster-interval", "1"])
-        self._spawn("worker", ["-m", "services.worker", "--nats", url, "--node", self.node, "--policy", self.policy,
-                               "--runtime", "docker", "--cores", f"{self.cores:g}", "--state-interval", "2",
-                               "--require-node-label"])
+        common = ["-m", "services.worker", "--nats", url, "--node", self.node, "--policy", self.policy,
+                  "--cores", f"{self.cores:g}", "--state-interval", "2"]
+        if self.runtime == "cgroup":
+            scenario = self.run_dir / "scenario.json"
+            scenario.write_text(json.dumps(scenario_to_dict(Scenario(
+                name="real", nodes=(NodeSpec(self.node, self.cores),),
+                containers=tuple(dataclasses.replace(c, node=self.node) for c in self.specs),
+                profiles=BUILTIN_PROFILES, duration_s=1e9))))
+            self._spawn("worker", [*common, "--runtime", "cgroup", "--scenario", str(scenario),
+                                   "--workload-batch", str(self.batch), "--workload-resolution",
+                                   str(self.resolution_px)])
+            self.started = [c.name for c in self.specs]
+            self.t0 = time.time()
+            return
+        self._spawn("worker", [*common, "--runtime", "docker", "--require-node-label"])
         time.sleep(1.0)
         for c in self.specs:
             name = self.name(c)
@@ -176,6 +209,15 @@ class RealRun:
 
     def groups(self) -> dict[str, cgroupfs.Group]:
         out = {}
+        if self.runtime == "cgroup":
+            for name in self.started:
+                g = cgroupfs.group_at(cgroupfs.DEFAULT_ROOT, f"dqoes-{self.node}/{name}")
+                for _ in range(100):  # the runtime creates it when the process starts
+                    if cgroupfs.exists(g):
+                        out[name] = g
+                        break
+                    time.sleep(0.1)
+            return out
         for name in self.started:
             cid = _docker("inspect", "-f", "{{.Id}}", name)
             with contextlib.suppress(OSError):
@@ -203,7 +245,7 @@ class RealRun:
             while (now := time.time()) - self.t0 < duration_s:
                 dead = {k: p.returncode for k, p in self.procs.items() if p.poll() is not None}
                 if dead:
-                    raise CliError(f"{', '.join(dead)} exited (logs in {self.run_dir})")
+                    raise ExperimentError(f"{', '.join(dead)} exited (logs in {self.run_dir})")
                 await asyncio.sleep(min(every_s, max(0.1, duration_s - (now - self.t0))))
                 now = time.time()
                 busy = busy_cores_s()
@@ -244,7 +286,7 @@ class RealRun:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        if self.started:
+        if self.started and self.runtime == "docker":
             _docker("rm", "-f", *self.started, check=False, timeout=120)
             self.started = []
         if self.nats is not None:
@@ -268,10 +310,10 @@ def summarize_real(run: RealRun, duration_s: float) -> dict[str, Any]:
     return {
         "policy": run.policy,
         "satisfied_final": plateau(series, start, duration_s) if series else 0,
-        "meets_final": plateau(meets, start, duration_s) if meets else 0,
+        "met_final": plateau(meets, start, duration_s) if meets else 0,
         "final_window_s": window,
         "series": series,
-        "meets_series": meets,
+        "met_series": meets,
         "final": {c.name: {"latency_s": last.get(c.name, {}).get("latency_s"),
                            "cls": last.get(c.name, {}).get("cls"),
                            "limit": last.get(c.name, {}).get("limit"),
@@ -285,14 +327,22 @@ def summarize_real(run: RealRun, duration_s: float) -> dict[str, Any]:
 # -- rendering ---------------------------------------------------------------------------------
 
 
-def render_markdown(d: dict[str, Any], plot_rel: str | None) -> str:
+def _met(r: dict[str, Any]) -> Any:
+    """Met at the plateau (records written before it had its name called it meets_final)."""
+    return r.get("met_final", r.get("meets_final", "-"))
+
+
+def render_markdown(d: dict[str, Any], plot_rel: str | None, begin: str = BEGIN, end: str = END) -> str:
     cores = d["cores"]
     specs = d["containers"]
-    lines = [BEGIN, ""]
-    lines.append(f"Run {d['started_at']} with `{d['command']}`: {len(specs)} real inference containers "
-                 f"(`{d['image']}`, {d['batch']} images × {d['resolution_px']} px a batch, one thread each) on this "
-                 f"{cores:g}-core machine, {d['duration_s']:.0f} s per policy, the same containers and objectives "
-                 f"under each. Profiles: `{d['profiles']}`.")
+    runtime = d.get("runtime", "docker")
+    what = (f"real inference containers (`{d['image']}`" if runtime == "docker"
+            else "real inference processes in cgroups (the worker's cgroup runtime, no Docker")
+    lines = [begin, ""]
+    lines.append(f"Run {d['started_at']} with `{d['command']}`: {len(specs)} {what}, {d['batch']} images × "
+                 f"{d['resolution_px']} px a batch, threads following each limit) on a node of "
+                 f"{cores:g} cores, {d['duration_s']:.0f} s per policy, the same workloads and objectives under "
+                 f"each. Profiles for the forecast: `{d['profiles']}`.")
     lines.append("")
     lines.append("| container | model | objective (s) | fastest alone (s) | " + " | ".join(
         f"{p} latency (s) / class / limit / CPU (cores)" for p in d["real"]) + " |")
@@ -308,22 +358,26 @@ def render_markdown(d: dict[str, Any], plot_rel: str | None) -> str:
         lines.append(f"| {c['name']} | {c['model']} | {c['objective_s']:g} | {c['fastest_s']:.2f} | "
                      + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"Satisfied containers (|S|: latency within ±{ALPHA:.0%} of the objective, the simulator's ruler; "
-                 f"plateau = lower median over the final {d['real'][next(iter(d['real']))]['final_window_s']:.0f} s), "
-                 "and those at or under their objective's band (S or G):")
+    window = d["real"][next(iter(d["real"]))]["final_window_s"]
+    lines.append(f"Three numbers per policy, each the plateau (lower median) over the final {window:.0f} s: "
+                 f"**met** (latest batch at or under (1 + {ALPHA:g}) × objective), **in band** (|S|, within "
+                 f"±{ALPHA:.0%}), and the **CPU spent** by our workloads (cores, from their cgroups). The "
+                 "simulator ran the same node, workloads and objectives with the calibrated profiles; the "
+                 "oracle bound is the most any steady allocation could keep met / in band there.")
     lines.append("")
-    lines.append("| policy | real: in S | real: S or G | simulator: in S | oracle bound | our containers' CPU at the end "
-                 "(cores) | other processes' CPU, mean (cores) | load avg 1 min (min / median / max) |")
+    lines.append("| policy | real: met | real: in band | real: CPU spent (cores) | simulator: met / in band "
+                 "| oracle bound: met / in band | other processes' CPU, mean (cores) | load avg 1 min (min / median / max) |")
     lines.append("|---|---|---|---|---|---|---|---|")
     for p, r in d["real"].items():
         s = d["sim"].get(p, {})
         la = r["loadavg_1m"]
         la_s = "-" if not la else f"{la['min']:.2f} / {la['median']:.2f} / {la['max']:.2f}"
         oth = "-" if r.get("other_cores_mean") is None else f"{r['other_cores_mean']:.2f}"
-        lines.append(f"| {p} | {r['satisfied_final']} | {r['meets_final']} | {s.get('satisfied_final', '-')} | "
-                     f"{s.get('oracle_satisfied', '-')} | {r['total_cpu_cores_final']:.2f} | {oth} | {la_s} |")
+        lines.append(f"| {p} | {_met(r)} | {r['satisfied_final']} | {r['total_cpu_cores_final']:.2f} | "
+                     f"{_met(s)} / {s.get('satisfied_final', '-')} | {s.get('oracle_met', '-')} / "
+                     f"{s.get('oracle_satisfied', '-')} | {oth} | {la_s} |")
     lines.append("")
-    lines.append("Final CPU split (cores, mean over the final window; real from each container's cgroup, "
+    lines.append("Final CPU split (cores, mean over the final window; real from each workload's cgroup, "
                  "simulated from the model):")
     lines.append("")
     cols = [(f"{p} real", d["real"][p]["final"]) for p in d["real"]] + [
@@ -340,31 +394,34 @@ def render_markdown(d: dict[str, Any], plot_rel: str | None) -> str:
     if d.get("notes"):
         lines += [d["notes"], ""]
     if plot_rel:
-        lines += [f"![satisfied containers over time and the final CPU split]({plot_rel})", ""]
-    lines.append(END)
+        lines += [f"![containers in band over time and the final CPU split]({plot_rel})", ""]
+    lines.append(end)
     return "\n".join(lines)
 
 
-def render_plot(d: dict[str, Any]) -> str:
-    colors = {"dqoes": svgplot.PALETTE[0], "default": svgplot.PALETTE[1]}
+def real_figure(d: dict[str, Any]) -> Any:
+    """|S| over time, real and simulated, per policy, and the final CPU split: the dashboard's figures."""
     series = []
     for p, r in d["real"].items():
-        series.append(svgplot.Series(f"{p} real", [tuple(x) for x in r["series"]], colors.get(p), step=True,
-                                     markers=False))
+        series += [{"t_s": t, "count": n, "run": f"{p} real"} for t, n in r["series"]]
     for p, s in d["sim"].items():
-        series.append(svgplot.Series(f"{p} simulated", [tuple(x) for x in s["series"]], colors.get(p), dashed=True,
-                                     step=True, markers=False))
-    names = [c["name"] for c in d["containers"]]
-    bars = {f"{p} real": [r["final"][n]["cpu_cores"] or 0.0 for n in names] for p, r in d["real"].items()}
-    bars.update({f"{p} sim": [s["final"][n]["cpu_cores"] or 0.0 for n in names] for p, s in d["sim"].items()})
-    return svgplot.figure([
-        svgplot.Panel("Satisfied containers |S| over time", "seconds", "containers in S",
-                      series, y_min=0, y_max=len(names)),
-        svgplot.Panel("Final CPU split", "container", "cores (mean, final window)", bars=bars,
-                      bar_categories=[f"{c['name']} ({c['objective_s']:g} s)" for c in d["containers"]],
-                      y_min=0, bar_colors={"dqoes real": colors["dqoes"], "dqoes sim": "#9ecae1",
-                                           "default real": colors["default"], "default sim": "#fcae91"}),
-    ], caption=f"dqoes experiment real: {len(names)} containers on {d['cores']:g} cores; dashed: the simulator's forecast")
+        series += [{"t_s": t, "count": n, "run": f"{p} simulated"} for t, n in s["series"]]
+    split = []
+    for c in d["containers"]:
+        label = f"{c['name']} ({c['objective_s']:g} s)"
+        for p, r in d["real"].items():
+            split.append({"container": label, "run": f"{p} real", "cpu_cores": r["final"][c["name"]]["cpu_cores"] or 0.0})
+        for p, s in d["sim"].items():
+            split.append({"container": label, "run": f"{p} simulated",
+                          "cpu_cores": s["final"][c["name"]]["cpu_cores"] or 0.0})
+    n = len(d["containers"])
+    from dashboard import views  # figures need altair: imported only to draw
+
+    return views.runs_figure(
+        pd.DataFrame(series), pd.DataFrame(split),
+        title=f"dqoes experiment real: {n} containers on {d['cores']:g} cores (simulated: the forecast)",
+        count_title="containers in band |S|", count_max=n,
+    )
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -377,73 +434,119 @@ def load_profiles(path: str | None) -> tuple[dict[str, ModelProfile], str]:
     try:
         loaded = load_profiles_file(p)
     except ScenarioError as e:
-        raise CliError(str(e)) from None
+        raise ExperimentError(str(e)) from None
     shown = os.path.relpath(p, REPO) if Path(p).resolve().is_relative_to(REPO) else p
     return {**BUILTIN_PROFILES, **loaded}, shown
 
 
-def cmd_real(args: argparse.Namespace) -> int:
-    if args.from_file:
+@dataclass(frozen=True, slots=True)
+class RealOptions:
+    """What `dqoes experiment real` runs and where it writes (the flags, as data)."""
+
+    containers: int = 5
+    duration_s: float = 600.0
+    policies: str = "dqoes,default,learned"
+    runtime: str = "docker"
+    """docker: containers of the workload image; cgroup: inference processes in cgroups (no Docker)."""
+    section: str = ""
+    """Which generated section of the Markdown file to replace ("" the default one; a name: another)."""
+    models: str = "resnet50,mobilenetv2"
+    objectives: str | None = None
+    batch_size: int = 10
+    resolution: int = 224
+    cores: float | None = None
+    profiles: str | None = None
+    image: str = "dqoes-workload:latest"
+    seed: int = 1
+    sample_s: float = 5.0
+    out: str | None = None
+    from_file: str | None = None
+    """Run nothing: report from a summary.json written earlier."""
+    plot: str | None = None
+    update: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RealResult:
+    summary: dict[str, Any]
+    markdown: str
+
+
+def run(opts: RealOptions) -> RealResult:
+    """Run (or read back) the experiment; write the plot and the docs section `opts` asks for."""
+    if opts.from_file:
         try:
-            d = json.loads(Path(args.from_file).read_text())
+            d = json.loads(Path(opts.from_file).read_text())
         except (OSError, ValueError) as e:
-            raise CliError(f"--from {args.from_file}: {e}") from None
+            raise ExperimentError(f"--from {opts.from_file}: {e}") from None
     else:
-        d = run_experiment(args)
-    if args.plot:
-        Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.plot).write_text(render_plot(d))
-        _log(f"plot written to {args.plot}")
+        d = run_experiment(opts)
+    if opts.plot:
+        from dashboard import render
+
+        render.save(real_figure(d), opts.plot)
+        _log(f"plot written to {opts.plot}")
     rel = None
-    if args.plot and args.update:
-        rel = os.path.relpath(Path(args.plot).resolve(), Path(args.update).resolve().parent)
-    md = render_markdown(d, rel)
-    if args.update:
-        update_section(Path(args.update), md, BEGIN, END)
-        _log(f"section updated in {args.update}")
-    if args.json:
-        emit_json({k: v for k, v in d.items()})
-    elif not args.update:
-        print(md)
-    return 0
+    if opts.plot and opts.update:
+        rel = os.path.relpath(Path(opts.plot).resolve(), Path(opts.update).resolve().parent)
+    begin, end = markers(opts.section)
+    md = render_markdown(d, rel, begin, end)
+    if opts.update:
+        update_section(Path(opts.update), md, begin, end)
+        _log(f"section updated in {opts.update}")
+    return RealResult(d, md)
 
 
-def run_experiment(args: argparse.Namespace) -> dict[str, Any]:
-    if args.containers < 1:
-        raise CliError("--containers must be >= 1")
-    if args.duration_s < 30:
-        raise CliError("--duration-s must be >= 30")
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+def markers(section: str) -> tuple[str, str]:
+    """The generated-section markers: the default section, or a named one (several real setups)."""
+    if not section:
+        return BEGIN, END
+    if not section.replace("-", "").isalnum():
+        raise ExperimentError(f"--section: letters, digits and '-' only, got {section!r}")
+    return (f"<!-- BEGIN generated: dqoes experiment real {section} -->",
+            f"<!-- END generated: dqoes experiment real {section} -->")
+
+
+def run_experiment(opts: RealOptions) -> dict[str, Any]:
+    if opts.containers < 1:
+        raise ExperimentError("--containers must be >= 1")
+    if opts.duration_s < 30:
+        raise ExperimentError("--duration-s must be >= 30")
+    policies = [p.strip() for p in opts.policies.split(",") if p.strip()]
     for p in policies:
-        if p not in ("dqoes", "default"):
-            raise CliError(f"--policies: {p!r} is not dqoes or default")
-    if shutil.which("docker") is None:
-        raise CliError("the docker command is not installed")
+        if p not in registry.REGISTRY or registry.spec(p).needs_curves:
+            usable = [n for n in registry.names() if not registry.spec(n).needs_curves]
+            raise ExperimentError(f"--policies: {p!r} cannot run on real workloads (choose from {', '.join(usable)})")
+    if opts.runtime not in ("docker", "cgroup"):
+        raise ExperimentError(f"--runtime: docker or cgroup, got {opts.runtime!r}")
     if os.geteuid() != 0:
-        raise CliError("experiment real needs root (it reads the containers' cgroups)")
-    if _docker("images", "-q", args.image, check=False) == "":
-        raise CliError(f"image {args.image} not found (build it with compose/images/build.sh)")
-    profiles, profiles_name = load_profiles(args.profiles)
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
+        raise ExperimentError("experiment real needs root (it reads the workloads' cgroups)")
+    if opts.runtime == "docker":
+        if shutil.which("docker") is None:
+            raise ExperimentError("the docker command is not installed")
+        if _docker("images", "-q", opts.image, check=False) == "":
+            raise ExperimentError(f"image {opts.image} not found (build it with compose/images/build.sh)")
+    profiles, profiles_name = load_profiles(opts.profiles)
+    models = [m.strip() for m in opts.models.split(",") if m.strip()]
     for m in models:
         if m not in profiles:
-            raise CliError(f"--models: no profile for {m!r}")
+            raise ExperimentError(f"--models: no profile for {m!r}")
         p = profiles[m]
-        if (p.batch_images, p.resolution_px) != (args.batch_size, args.resolution):
+        if (p.batch_images, p.resolution_px) != (opts.batch_size, opts.resolution):
             _log(f"warning: profile {m} was measured at {p.batch_images} x {p.resolution_px} px, the containers "
-                 f"run {args.batch_size} x {args.resolution} px: the forecast will not match")
+                 f"run {opts.batch_size} x {opts.resolution} px: the forecast will not match")
     objectives = None
-    if args.objectives:
+    if opts.objectives:
         try:
-            objectives = [float(x) for x in args.objectives.split(",")]
+            objectives = [float(x) for x in opts.objectives.split(",")]
         except ValueError:
-            raise CliError(f"--objectives: expected numbers, got {args.objectives!r}") from None
+            raise ExperimentError(f"--objectives: expected numbers, got {opts.objectives!r}") from None
         if any(o <= 0 for o in objectives):
-            raise CliError("--objectives: each must be > 0")
-    cores = args.cores or float(os.cpu_count() or 1)
-    specs = plan_containers(args.containers, models, profiles, cores, objectives)
+            raise ExperimentError("--objectives: each must be > 0")
+    cores = opts.cores or float(os.cpu_count() or 1)
+    specs = plan_containers(opts.containers, models, profiles, cores, objectives)
     prefix = f"dqx-{uuid.uuid4().hex[:6]}"
-    out_dir = Path(args.out or f"runs/real-{time.strftime('%Y%m%d-%H%M%S')}")
+    out_dir = Path(opts.out or f"runs/real-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     _log(f"prefix {prefix}; {len(specs)} containers on {cores:g} cores; profiles {profiles_name}; records in {out_dir}")
@@ -451,20 +554,21 @@ def run_experiment(args: argparse.Namespace) -> dict[str, Any]:
         _log(f"  {c.name}: {c.model}, objective {c.objective_s:g} s "
              f"(fastest alone {profiles[c.model].with_threads(1).fastest_s(cores):.2f} s)")
 
-    sc = sim_scenario(specs, profiles, cores, args.duration_s)
-    sim = {p: forecast(sc, p, args.seed) for p in policies}
+    sc = sim_scenario(specs, profiles, cores, opts.duration_s)
+    sim = {p: forecast(sc, p, opts.seed) for p in policies}
     for p, s in sim.items():
-        _log(f"simulator: {p} {s['satisfied_final']} satisfied (oracle bound {s['oracle_satisfied']})")
+        _log(f"simulator: {p} met {s['met_final']}, in band {s['satisfied_final']} "
+             f"(oracle bound {s['oracle_met']} / {s['oracle_satisfied']})")
 
     real: dict[str, Any] = {}
     interrupted = False
     for p in policies:
-        run = RealRun(prefix, p, specs, cores=cores, image=args.image, batch=args.batch_size,
-                      resolution_px=args.resolution, run_dir=out_dir / p)
+        run = RealRun(prefix, p, specs, cores=cores, image=opts.image, batch=opts.batch_size,
+                      resolution_px=opts.resolution, run_dir=out_dir / p, runtime=opts.runtime)
         try:
             run.start()
             _log(f"{p}: {len(specs)} containers started")
-            asyncio.run(run.observe(args.duration_s, args.sample_s, _log))
+            asyncio.run(run.observe(opts.duration_s, opts.sample_s, _log))
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -476,17 +580,19 @@ def run_experiment(args: argparse.Namespace) -> dict[str, Any]:
                 f.write(json.dumps({"kind": "cpu", **row}) + "\n")
         if interrupted:
             raise KeyboardInterrupt
-        real[p] = summarize_real(run, args.duration_s)
-        _log(f"{p}: {real[p]['satisfied_final']} satisfied at the plateau ({real[p]['meets_final']} in S or G)")
+        real[p] = summarize_real(run, opts.duration_s)
+        _log(f"{p}: met {real[p]['met_final']}, in band {real[p]['satisfied_final']}, "
+             f"CPU {real[p]['total_cpu_cores_final']:.2f} cores at the plateau")
     d = {
-        "command": command_line(args),
+        "command": command_line(opts),
+        "runtime": opts.runtime,
         "started_at": started_at,
         "prefix": prefix,
-        "image": args.image,
+        "image": opts.image,
         "cores": cores,
-        "batch": args.batch_size,
-        "resolution_px": args.resolution,
-        "duration_s": args.duration_s,
+        "batch": opts.batch_size,
+        "resolution_px": opts.resolution,
+        "duration_s": opts.duration_s,
         "profiles": profiles_name,
         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s,
                         "fastest_s": round(profiles[c.model].with_threads(1).fastest_s(cores), 3)} for c in specs],
@@ -498,37 +604,10 @@ def run_experiment(args: argparse.Namespace) -> dict[str, Any]:
     return d
 
 
-def command_line(args: argparse.Namespace) -> str:
-    parts = ["dqoes experiment real", f"--containers {args.containers}", f"--duration-s {args.duration_s:g}",
-             f"--models {args.models}", f"--batch-size {args.batch_size}", f"--resolution {args.resolution}"]
-    if args.objectives:
-        parts.append(f"--objectives {args.objectives}")
+def command_line(opts: RealOptions) -> str:
+    parts = ["dqoes experiment real", f"--runtime {opts.runtime}", f"--policies {opts.policies}",
+             f"--containers {opts.containers}", f"--duration-s {opts.duration_s:g}",
+             f"--models {opts.models}", f"--batch-size {opts.batch_size}", f"--resolution {opts.resolution}"]
+    if opts.objectives:
+        parts.append(f"--objectives {opts.objectives}")
     return " ".join(parts)
-
-
-def add_parser(es: argparse._SubParsersAction) -> None:
-    p = es.add_parser(
-        "real", help="DQoES vs default on real inference containers here, with the simulator's forecast",
-        description="Start a private NATS, the manager and a docker-runtime worker, run N real inference "
-        "containers (dqoes-workload image) with objectives under DQoES, then under the default policy (no "
-        "limits), record |S| over time, limits and CPU use, and compare with the simulator run on the same "
-        "setup with the calibrated profiles. Needs root and Docker. Progress goes to stderr.")
-    p.add_argument("--containers", type=int, default=5, help="how many inference containers (default 5)")
-    p.add_argument("--duration-s", type=float, default=600.0, help="seconds per policy (default 600)")
-    p.add_argument("--policies", default="dqoes,default", help="run in this order (default dqoes,default)")
-    p.add_argument("--models", default="resnet50,mobilenetv2", help="cycled over the containers")
-    p.add_argument("--objectives", help="seconds a batch, cycled (default: fastest-alone x 0.8, 3, 1.6, 5, 2.2, 8)")
-    p.add_argument("--batch-size", type=int, default=10, help="images a batch (default 10, as calibrated)")
-    p.add_argument("--resolution", type=int, default=224, help="image side in px (default 224, as calibrated)")
-    p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
-    p.add_argument("--profiles", help="profiles file for the forecast (default: $DQOES_PROFILES, else "
-                   "docs/calibration/profiles.toml, else the built-ins)")
-    p.add_argument("--image", default="dqoes-workload:latest", help="inference image")
-    p.add_argument("--seed", type=int, default=1, help="simulator seed")
-    p.add_argument("--sample-s", type=float, default=5.0, help="CPU sampling period (default 5 s)")
-    p.add_argument("--out", metavar="DIR", help="records (timelines, summary.json; default runs/real-<time>)")
-    p.add_argument("--from", dest="from_file", metavar="JSON", help="run nothing: render a summary.json")
-    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
-    p.add_argument("--plot", metavar="SVG", help="write the figure")
-    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
-    p.set_defaults(func=cmd_real)

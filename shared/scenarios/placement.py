@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 
 from shared.core.baselines import spread_place
-from shared.sim.scenario import Scenario
+from shared.scenarios.spec import Scenario
 
 
 def place(scenario: Scenario) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """Scenarios: the cluster, the models and the containers of one experiment.
 
 A scenario is plain data (frozen dataclasses). It comes from a built-in (the
-paper's six experiments, see `shared.sim.builtin`) or from a user's TOML/JSON
+paper's six experiments, see `shared.scenarios.builtin`) or from a user's TOML/JSON
 file whose schema is docs/scenarios.md. Loading validates everything and
 reports the first problem as one line naming the field, so a typo never
 becomes a traceback or, worse, a silently different experiment.
@@ -9,6 +9,7 @@ becomes a traceback or, worse, a silently different experiment.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from shared.core.dqoes import ON_DROP_MODES, DQoESParams
+from shared.core import registry
+from shared.core.dqoes import DQoESParams
 from shared.core.profiles import BUILTIN_PROFILES, ModelProfile
 
 
@@ -33,6 +35,21 @@ class NodeSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Change:
+    """Something that happens to a running container at `at_s` (scenario seconds).
+
+    `objective_s`: a client sets a new objective. `work_factor`: the
+    container's latency curve changes: every batch from then on needs this
+    many times its profile's CPU work (a noisy neighbour, a heavier input mix;
+    1.0 is the profile itself). Either or both.
+    """
+
+    at_s: float
+    objective_s: float | None = None
+    work_factor: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerSpec:
     name: str
     model: str
@@ -44,6 +61,8 @@ class ContainerSpec:
     cpus: float | None = None
     """Initial CPU limit in cores (like `docker run --cpus`); None: none."""
     alpha: float | None = None
+    changes: tuple[Change, ...] = ()
+    """What happens to it later, in time order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,11 +73,27 @@ class Scenario:
     profiles: Mapping[str, ModelProfile]
     duration_s: float
     controller: DQoESParams = field(default_factory=DQoESParams)
+    """The DQoES parameters the scenario implies (its `settings` over the defaults): the band
+    and T_R every measure of the run uses."""
     noise_sigma: float = 0.03
     description: str = ""
     seed: int | None = None
     objective_rule: str = ""
     """How random objectives were drawn, for the record."""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """The `controller` table as the file gave it: policy parameters by name. Every policy the
+    scenario runs under takes the fields it has (`shared.core.registry.params_for`); a field
+    not given keeps each policy's own default."""
+
+    def policy_settings(self) -> dict[str, Any]:
+        """What every policy run on this scenario is configured with: the `controller` table, and
+        any DQoES parameter set in code rather than in a file (a built-in's `controller`)."""
+        out = dict(self.settings)
+        for f in dataclasses.fields(DQoESParams):
+            v = getattr(self.controller, f.name)
+            if f.name not in out and v != f.default:
+                out[f.name] = v
+        return out
 
     def profile_of(self, c: ContainerSpec) -> ModelProfile:
         p = self.profiles[c.model]
@@ -140,20 +175,28 @@ def _check_keys(d: Mapping[str, Any], allowed: set[str], where: str) -> None:
             raise ScenarioError(f"{where}{k}: unknown field (allowed: {', '.join(sorted(allowed))})")
 
 
-def parse_controller(d: Mapping[str, Any], where: str = "controller.") -> DQoESParams:
-    _check_keys(d, {"alpha", "beta", "initial_interval_s", "max_interval_s", "total_resource", "on_drop"}, where)
-    kw: dict[str, Any] = {}
-    for k in ("alpha", "beta", "initial_interval_s", "max_interval_s", "total_resource"):
-        if k in d:
-            kw[k] = _num(d[k], where + k, positive=True)
-    if "on_drop" in d:
-        if d["on_drop"] not in ON_DROP_MODES:
-            raise ScenarioError(f"{where}on_drop: must be one of {ON_DROP_MODES}, got {d['on_drop']!r}")
-        kw["on_drop"] = d["on_drop"]
-    try:
-        return DQoESParams(**kw)
-    except ValueError as e:
-        raise ScenarioError(f"{where.rstrip('.')}: {e}") from None
+def parse_controller(d: Mapping[str, Any], where: str = "controller.") -> tuple[DQoESParams, dict[str, Any]]:
+    """The controller table: parameters of any registered policy, by name, each validated.
+
+    Returns the DQoES parameters it implies and the table itself (what other
+    policies read their own fields from).
+    """
+    if not isinstance(d, Mapping):
+        raise ScenarioError(f"{where.rstrip('.')}: must be a table")
+    allowed = {f for n in registry.names() for f in registry.param_names(n)}
+    _check_keys(d, allowed, where)
+    settings: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, str | bool):
+            settings[k] = v
+        else:
+            settings[k] = _num(v, where + k)
+    for name in registry.names():
+        try:
+            registry.params_for(name, settings)
+        except ValueError as e:
+            raise ScenarioError(f"{where.rstrip('.')}: {e}") from None
+    return registry.params_for("dqoes", settings), settings
 
 
 def parse_profile(d: Mapping[str, Any], where: str) -> ModelProfile:
@@ -251,7 +294,7 @@ def parse_scenario(
     sigma = _num(data.get("noise_sigma", 0.03), "noise_sigma", nonneg=True)
     if seed is None and "seed" in data:
         seed = int(_num(data["seed"], "seed", integer=True))
-    controller = parse_controller(data.get("controller", {}))
+    controller, settings = parse_controller(data.get("controller", {}))
 
     profiles: dict[str, ModelProfile] = dict(base_profiles)
     if "profiles" in data:
@@ -314,6 +357,7 @@ def parse_scenario(
         profiles=profiles,
         duration_s=duration,
         controller=controller,
+        settings=settings,
         noise_sigma=sigma,
         description=str(data.get("description", "")),
         seed=seed,
@@ -324,7 +368,8 @@ def parse_scenario(
 def _parse_container(
     c: Mapping[str, Any], w: str, profiles: Mapping[str, ModelProfile], nodes: Sequence[NodeSpec], duration: float
 ) -> ContainerSpec:
-    _check_keys(c, {"name", "model", "objective_s", "submit_at_s", "node", "duration_s", "threads", "cpus", "alpha"}, w)
+    _check_keys(c, {"name", "model", "objective_s", "submit_at_s", "node", "duration_s", "threads", "cpus", "alpha",
+                    "changes"}, w)
     name = _str(_get(c, "name", w), w + "name")
     model = _str(_get(c, "model", w), w + "model")
     if model not in profiles:
@@ -357,7 +402,25 @@ def _parse_container(
         alpha_v = _num(alpha, w + "alpha", positive=True)
         if alpha_v >= 1:
             raise ScenarioError(f"{w}alpha: must be in (0, 1), got {alpha_v!r}")
-    return ContainerSpec(name, model, objective, submit, node, dur_v, threads_v, cpus_v, alpha_v)
+    raw_changes = c.get("changes", [])
+    if not isinstance(raw_changes, list):
+        raise ScenarioError(f"{w}changes: must be a list of tables with at_s and objective_s and/or work_factor")
+    changes = []
+    for i, ch in enumerate(raw_changes):
+        cw = f"{w}changes[{i}]."
+        if not isinstance(ch, Mapping):
+            raise ScenarioError(f"{w}changes[{i}]: must be a table")
+        _check_keys(ch, {"at_s", "objective_s", "work_factor"}, cw)
+        at = _num(_get(ch, "at_s", cw), cw + "at_s", nonneg=True)
+        if at < submit:
+            raise ScenarioError(f"{cw}at_s: {at:g} is before the container is submitted ({submit:g} s)")
+        obj_v = None if ch.get("objective_s") is None else _num(ch["objective_s"], cw + "objective_s", positive=True)
+        wf = None if ch.get("work_factor") is None else _num(ch["work_factor"], cw + "work_factor", positive=True)
+        if obj_v is None and wf is None:
+            raise ScenarioError(f"{cw[:-1]}: give objective_s and/or work_factor")
+        changes.append(Change(at, obj_v, wf))
+    changes.sort(key=lambda x: x.at_s)
+    return ContainerSpec(name, model, objective, submit, node, dur_v, threads_v, cpus_v, alpha_v, tuple(changes))
 
 
 def _generate(
@@ -451,15 +514,12 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     Generated containers are written out one by one, so the file describes
     the run exactly, whatever the seed it is loaded with.
     """
-    p = s.controller
     out: dict[str, Any] = {
         "name": s.name,
         "description": s.description,
         "duration_s": s.duration_s,
         "noise_sigma": s.noise_sigma,
-        "controller": {"alpha": p.alpha, "beta": p.beta, "initial_interval_s": p.initial_interval_s,
-                       "max_interval_s": p.max_interval_s, "total_resource": p.total_resource,
-                       "on_drop": p.on_drop},
+        "controller": s.policy_settings(),
         "nodes": [{"name": n.name, "cores": n.cores} for n in s.nodes],
         "models": [
             {"name": m.name, "work_cpu_s": m.work_cpu_s, "threads": m.threads, "overhead_s": m.overhead_s,
@@ -479,5 +539,11 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
             v = getattr(c, k)
             if v is not None:
                 d[k] = v
+        if c.changes:
+            d["changes"] = [
+                {k: v for k, v in (("at_s", ch.at_s), ("objective_s", ch.objective_s), ("work_factor", ch.work_factor))
+                 if v is not None}
+                for ch in c.changes
+            ]
         out["containers"].append(d)
     return out

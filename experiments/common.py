@@ -1,0 +1,21 @@
+"""What every experiment shares: its error type and the generated sections of docs/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class ExperimentError(Exception):
+    """Bad input, or an experiment that cannot run here; one line (the CLI exits with status 2)."""
+
+
+def update_section(path: Path, block: str, begin: str, end: str) -> None:
+    """Replace the generated block between `begin` and `end` in a Markdown file (or append it)."""
+    text = path.read_text() if path.exists() else ""
+    if begin in text and end in text:
+        a = text.index(begin)
+        b = text.index(end) + len(end)
+        text = text[:a] + block + text[b:]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)

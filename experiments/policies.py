@@ -1,0 +1,153 @@
+"""Every policy on many random clusters: met, in band and CPU, each against the oracle.
+
+Why: a policy is judged on scenarios it was not tuned on, over many seeds,
+by what a client counts (met), by the paper's figure (in band) and by what it
+costs (CPU), side by side and always as means over seeds. This module runs
+the simulator for each (scenario, seed, policy), optionally telling the
+learned allocator a calibrated profile that is off by a known factor per
+model (to show what a wrong prior costs), and sums the runs up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from shared.core.policy import PolicyContext
+from shared.core.profiles import ModelProfile
+from shared.scenarios.builtin import load
+from shared.scenarios.spec import Scenario
+from shared.sim.engine import SimResult, simulate
+
+POLICIES = ("default", "dqoes", "learned", "oracle")
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One (scenario, seed, policy) run's figures."""
+
+    scenario: str
+    seed: int
+    policy: str
+    met: int
+    in_band: int
+    oracle_met: int
+    oracle_in_band: int
+    cpu_cores: float
+    cores: float
+    limit_changes: int
+    changes_per_container_round: float
+    changes_per_container: float
+    settle_rounds_max: int
+    settle_rounds_mean: float
+    settle_s_max: float
+    container_settle_max: int
+    container_settle_mean: float
+    rounds: int
+
+    @classmethod
+    def of(cls, r: SimResult, label: str) -> Run:
+        return cls(r.scenario, r.seed, label, r.met_final, r.satisfied_final, r.oracle_met, r.oracle_satisfied,
+                   r.cpu_cores_final, r.cores_total, r.limit_changes, r.changes_per_container_round,
+                   r.limit_changes / max(1, r.containers), int(r.settle.get("rounds_max", 0)),
+                   float(r.settle.get("rounds_mean", 0.0)), float(r.settle.get("seconds_max", 0.0)),
+                   int(r.settle.get("container_rounds_max", 0)), float(r.settle.get("container_rounds_mean", 0.0)),
+                   r.rounds)
+
+
+def skewed_prior(scenario: Scenario, error: float, seed: int) -> PolicyContext:
+    """Each model's curve with its work per batch off by a factor of 1 +- `error` (drawn per model)."""
+    rng = random.Random(f"prior:{seed}")
+    factors = {m: rng.choice((1 - error, 1 + error)) for m in sorted(scenario.profiles)}
+    specs = {c.name: c for c in scenario.containers}
+
+    def curve_of(name: str) -> ModelProfile | None:
+        c = specs.get(name)
+        if c is None:
+            return None
+        p = scenario.profile_of(c)
+        return dataclasses.replace(p, work_cpu_s=p.work_cpu_s * factors[c.model])
+
+    return PolicyContext(curve_of)
+
+
+def run_all(
+    scenario: str,
+    seeds: Sequence[int],
+    *,
+    prior_error: float | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Run]:
+    """Every policy on every seed; with `prior_error`, also the learned allocator with a wrong prior."""
+    out = []
+    for seed in seeds:
+        sc = load(scenario, seed)
+        for policy in POLICIES:
+            if progress:
+                progress(f"{scenario} seed {seed} {policy}")
+            out.append(Run.of(simulate(sc, policy, seed), policy))
+        if prior_error is not None:
+            with_prior = dataclasses.replace(sc, settings={**sc.settings, "use_prior": 1.0})
+            label = f"learned+prior±{prior_error:.0%}"
+            if progress:
+                progress(f"{scenario} seed {seed} {label}")
+            out.append(Run.of(simulate(with_prior, "learned", seed, context=skewed_prior(sc, prior_error, seed)),
+                              label))
+    return out
+
+
+def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
+    """Means over seeds per policy, and each count's ratio to the oracle's bound (also a mean ratio)."""
+    out: dict[str, dict[str, Any]] = {}
+    for label in dict.fromkeys(r.policy for r in runs):
+        rs = [r for r in runs if r.policy == label]
+        met, band = sum(r.met for r in rs), sum(r.in_band for r in rs)
+        o_met, o_band = sum(r.oracle_met for r in rs), sum(r.oracle_in_band for r in rs)
+        out[label] = {
+            "seeds": len(rs),
+            "met_mean": statistics.mean(r.met for r in rs),
+            "in_band_mean": statistics.mean(r.in_band for r in rs),
+            "met_to_oracle": met / o_met if o_met else None,
+            "in_band_to_oracle": band / o_band if o_band else None,
+            "oracle_met_mean": statistics.mean(r.oracle_met for r in rs),
+            "oracle_in_band_mean": statistics.mean(r.oracle_in_band for r in rs),
+            "cpu_cores_mean": statistics.mean(r.cpu_cores for r in rs),
+            "cpu_idle_cores_mean": statistics.mean(r.cores - r.cpu_cores for r in rs),
+            "settle_rounds_max_mean": statistics.mean(r.settle_rounds_max for r in rs),
+            "settle_rounds_max_worst": max(r.settle_rounds_max for r in rs),
+            "settle_rounds_mean": statistics.mean(r.settle_rounds_mean for r in rs),
+            "settle_s_max_mean": statistics.mean(r.settle_s_max for r in rs),
+            "container_settle_max_mean": statistics.mean(r.container_settle_max for r in rs),
+            "container_settle_mean": statistics.mean(r.container_settle_mean for r in rs),
+            "changes_per_container_round": statistics.mean(r.changes_per_container_round for r in rs),
+            "changes_per_container": statistics.mean(r.changes_per_container for r in rs),
+            "rounds_mean": statistics.mean(r.rounds for r in rs),
+        }
+    return out
+
+
+def table(summary: dict[str, dict[str, Any]]) -> str:
+    """The summary as a Markdown table."""
+    def ratio(x: float | None) -> str:
+        return "n/a (oracle 0)" if x is None else f"{x:.3f}"
+
+    lines = [
+        "| policy | met (mean) | met / oracle | in band (mean) | in band / oracle | CPU spent (cores) | idle (cores) "
+        "| rounds moving a node's limits after the last change anywhere (mean of per-run max; worst) "
+        "| rounds moving a container's limit after its own arrival or change (mean; mean of per-run max) "
+        "| limit changes per container per round | limit changes per container |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for label, s in summary.items():
+        lines.append(
+            f"| {label} | {s['met_mean']:.1f} | {ratio(s['met_to_oracle'])} | {s['in_band_mean']:.1f} | "
+            f"{ratio(s['in_band_to_oracle'])} | {s['cpu_cores_mean']:.2f} | {s['cpu_idle_cores_mean']:.2f} | "
+            f"{s['settle_rounds_max_mean']:.1f}; {s['settle_rounds_max_worst']} | "
+            f"{s['container_settle_mean']:.2f}; {s['container_settle_max_mean']:.1f} | "
+            f"{s['changes_per_container_round']:.3f} | {s['changes_per_container']:.1f} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,70 @@
+"""Measures of a run: how many containers a policy keeps satisfied, read the same way everywhere.
+
+The simulator, `dqoes up`, the real-node experiment and the dashboard all
+report a run's level with these functions, so a count printed by one is the
+count printed by the others. Pure: series in, numbers out.
+"""
+
+from __future__ import annotations
+
+
+def plateau(series: list[tuple[float, int]], start_s: float, end_s: float, samples: int = 61) -> int:
+    """Lower median of a step function |S|(t) sampled evenly over [start_s, end_s].
+
+    One instant of a noisy system is a coin flip at the band edges; the
+    paper reads the level its figures settle at. Lower median: a tie counts
+    against the policy.
+    """
+    if not series:
+        return 0
+    vals = []
+    j = -1
+    for k in range(samples):
+        t = start_s + (end_s - start_s) * k / max(1, samples - 1)
+        while j + 1 < len(series) and series[j + 1][0] <= t:
+            j += 1
+        vals.append(series[j][1] if j >= 0 else 0)
+    vals.sort()
+    return vals[(len(vals) - 1) // 2]
+
+
+def converged(series: list[tuple[float, int]]) -> tuple[int | None, float | None]:
+    """First round (1-based) after which |S| never changed again; None if it moved last round."""
+    if not series:
+        return None, None
+    last_change = 0
+    for i in range(1, len(series)):
+        if series[i][1] != series[i - 1][1]:
+            last_change = i
+    if last_change == len(series) - 1 and len(series) > 1:
+        return None, None
+    return last_change + 1, series[last_change][0]
+
+
+SETTLED_MOVE = 0.05
+"""A limit moving by less than this (relative) is noise-level trimming, not a change of allocation."""
+
+
+def limit_move(old: float | None, new: float | None) -> float:
+    """How far a limit moved, relative to the larger of the two (setting or clearing one: 1.0)."""
+    if old == new:
+        return 0.0
+    if old is None or new is None:
+        return 1.0
+    return abs(new - old) / max(old, new)
+
+
+def rounds_to_settle(rounds: list[tuple[float, float]], after_s: float, move: float = SETTLED_MOVE) -> tuple[int, float]:
+    """How many rounds after `after_s` (the last arrival, departure or objective change) still
+    moved a limit by more than `move`, and the seconds until the last of them.
+
+    `rounds`: one node's (time, largest relative limit move) per round, in
+    time order. Rounds that move nothing (a policy polling for data) do not
+    count: a policy that rounds every second is not penalised for rounding
+    often, only for moving limits. (0, 0.0): nothing moved after the event
+    but in the round that answered it.
+    """
+    moved = [t for t, m in rounds if t > after_s and m > move]
+    if not moved:
+        return 0, 0.0
+    return len(moved), moved[-1] - after_s

@@ -1,0 +1,196 @@
+"""What every allocation policy is: its parameters, its one method, and how it reports.
+
+Why one module: the worker, the simulator, the CLI, the dashboard and the
+benchmarks drive every policy (DQoES, default Swarm, the oracle, our own
+allocators) through the same `NodeController`, so a policy is a small thing:
+a parameters dataclass, `decide(view) -> Decision`, and `set_params` for an
+operator's change at runtime. `build_decision` is the one way a policy turns
+its per-container limits into a `Decision`, so the classification every
+policy reports (G/S/B, the class sums, |S|) is computed in one place and
+policies differ only in the limits they choose.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from shared.core.classification import Classification
+from shared.core.profiles import ModelProfile
+from shared.core.types import ContainerDecision, Decision, NodeView
+
+MIN_INTERVAL_S = 0.05
+"""Shortest control interval any policy accepts: a round is at most 20 times a second."""
+
+
+def check_open_fraction(value: Any, name: str) -> None:
+    """A number strictly between 0 and 1 (alpha, beta)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        math.isfinite(value) and 0 < value < 1
+    ):
+        raise ValueError(f"{name} must be a number in (0, 1), got {value!r}")
+
+
+def check_interval(value: Any, name: str = "initial_interval_s") -> None:
+    """A control interval in seconds: finite and at least MIN_INTERVAL_S."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        math.isfinite(value) and value >= MIN_INTERVAL_S
+    ):
+        raise ValueError(f"{name} must be a number of seconds >= {MIN_INTERVAL_S:g}, got {value!r}")
+
+
+def check_total_resource(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not (
+        math.isfinite(value) and 0 < value <= 1
+    ):
+        raise ValueError(f"total_resource must be in (0, 1], got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class BaseParams:
+    """What every policy has: the band it reports by and its (initial) interval."""
+
+    alpha: float = 0.10
+    """Tolerance band: a container is in band when |objective - latency| <= alpha * objective."""
+    initial_interval_s: float = 10.0
+    """Seconds between rounds (the adaptive policies' starting interval)."""
+
+    def __post_init__(self) -> None:
+        check_open_fraction(self.alpha, "alpha")
+        check_interval(self.initial_interval_s)
+
+
+class Policy(Protocol):
+    """What every allocation policy offers the controller."""
+
+    name: str
+
+    @property
+    def params(self) -> Any: ...
+
+    @property
+    def alpha(self) -> float: ...
+
+    @property
+    def initial_interval_s(self) -> float: ...
+
+    def decide(self, view: NodeView) -> Decision: ...
+
+    def set_params(self, params: Any) -> None: ...
+
+    def wants_round(self, name: str, latency_s: float, now_s: float) -> bool:
+        """Asked for every batch between rounds: True makes a round due at once."""
+
+
+CurveLookup = Callable[[str], ModelProfile | None]
+"""A container's latency curve by its name, or None where it is not known."""
+
+
+def no_curves(name: str) -> ModelProfile | None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyContext:
+    """What a policy may be given besides its parameters.
+
+    `curve_of` looks up a container's latency curve: the simulator and the
+    simulated runtime know every one (that knowledge is what makes the oracle
+    an oracle); on real runtimes it is a calibrated profile, when the operator
+    gives one, or nothing.
+    """
+
+    curve_of: CurveLookup = no_curves
+
+
+@dataclass(frozen=True, slots=True)
+class PolicySpec:
+    """One registered policy: how it is named, described, configured and built."""
+
+    name: str
+    label: str
+    """How people call it on a page or in a table ("DQoES", "default Swarm")."""
+    summary: str
+    """One line for --help and the dashboard."""
+    params_type: type
+    """Its parameters dataclass (every field has a default and is validated when built)."""
+    factory: Callable[[Any, PolicyContext], Policy]
+    """(params, context) -> a fresh policy for one node."""
+    needs_curves: bool = False
+    """True: meaningless without every container's latency curve (the oracle)."""
+
+
+class PolicyBase:
+    """The parts every policy shares: `alpha` and `initial_interval_s` read from its params."""
+
+    name = ""
+    params: Any
+
+    @property
+    def alpha(self) -> float:
+        return float(self.params.alpha)
+
+    @property
+    def initial_interval_s(self) -> float:
+        return float(self.params.initial_interval_s)
+
+    def set_params(self, params: Any) -> None:
+        """An operator's change at runtime (validated by the params dataclass itself)."""
+        self.params = params
+
+    def wants_round(self, name: str, latency_s: float, now_s: float) -> bool:
+        """Most policies wait for their interval (or the controller's own events)."""
+        return False
+
+
+def decisions_from(
+    view: NodeView,
+    cl: Classification,
+    updates: Mapping[str, tuple[float | None, str]],
+) -> tuple[ContainerDecision, ...]:
+    """Join a classification with per-container (new limit, reason) pairs."""
+    out = []
+    for c in cl.items:
+        new, why = updates[c.view.name]
+        out.append(
+            ContainerDecision(
+                name=c.view.name,
+                cls=c.cls,
+                slack_s=c.slack_s,
+                latency_s=c.view.latency_s if c.fresh else c.view.last_latency_s,
+                cpu_share=c.view.cpu_share,
+                old_limit=c.view.limit,
+                new_limit=new,
+                reason=why,
+            )
+        )
+    return tuple(out)
+
+
+def build_decision(
+    policy: str,
+    view: NodeView,
+    cl: Classification,
+    updates: Mapping[str, tuple[float | None, str]],
+    *,
+    interval_s: float,
+    listener: str = "fixed",
+    extra: Mapping[str, float] | None = None,
+) -> Decision:
+    """The round's Decision from the classification and each container's (new limit, reason)."""
+    return Decision(
+        node=view.node,
+        now_s=view.now_s,
+        policy=policy,
+        containers=decisions_from(view, cl, updates),
+        slack_sum_g_s=cl.slack_sum_g_s,
+        slack_sum_b_s=cl.slack_sum_b_s,
+        satisfied=cl.satisfied,
+        met=cl.met,
+        interval_s=interval_s,
+        listener=listener,
+        event=view.event,
+        extra=dict(extra or {}),
+    )

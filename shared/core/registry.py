@@ -1,0 +1,74 @@
+"""Every allocation policy, by name: the one place a policy is chosen.
+
+The worker, the simulator, `dqoes experiment`, `dqoes up`, the dashboard and
+the benchmarks list and build policies only through this module, so adding a
+policy is one module (its parameters dataclass, the policy, a `SPEC`) plus
+one line in `SPECS` below (docs/architecture.md, "Adding a policy").
+
+Settings reach a policy as a plain mapping (a scenario's `controller` table,
+a worker's flags, an operator's control message): each policy takes the
+fields its parameters dataclass has and ignores the rest, so one scenario
+file configures every policy it is run under, and a bad value is refused by
+the dataclass with a message naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from shared.core import baselines, dqoes, learned, oracle
+from shared.core.policy import Policy, PolicyContext, PolicySpec
+
+SPECS: tuple[PolicySpec, ...] = (
+    dqoes.SPEC,
+    baselines.SPEC,
+    oracle.SPEC,
+    learned.SPEC,
+)
+REGISTRY: dict[str, PolicySpec] = {s.name: s for s in SPECS}
+
+
+def names() -> tuple[str, ...]:
+    """Registered policy names, in registration order."""
+    return tuple(REGISTRY)
+
+
+def spec(name: str) -> PolicySpec:
+    """The registered policy `name`; ValueError listing the choices if there is none."""
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r} (choose from {', '.join(REGISTRY)})") from None
+
+
+def param_names(name: str) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(spec(name).params_type))
+
+
+def params_for(name: str, settings: Mapping[str, Any] | None = None) -> Any:
+    """Policy `name`'s parameters from `settings` (fields it lacks are ignored). ValueError if bad."""
+    s = spec(name)
+    known = set(param_names(name))
+    try:
+        return s.params_type(**{k: v for k, v in (settings or {}).items() if k in known})
+    except TypeError as e:  # a wrong type the dataclass could not even compare
+        raise ValueError(f"{name}: {e}") from None
+
+
+def build(name: str, settings: Mapping[str, Any] | None = None, context: PolicyContext | None = None) -> Policy:
+    """A fresh policy for one node."""
+    return spec(name).factory(params_for(name, settings), context or PolicyContext())
+
+
+def label(name: str) -> str:
+    """How a policy is named for people; an unregistered name (an old recording) as it is."""
+    s = REGISTRY.get(name)
+    return s.label if s is not None else name
+
+
+def describe() -> str:
+    """One line per policy, for --help."""
+    width = max(len(n) for n in REGISTRY)
+    return "\n".join(f"  {s.name:<{width}}  {s.summary}" for s in SPECS)

@@ -1,0 +1,260 @@
+"""The public contract in JSON: what any NATS client sends to DQoES and reads back.
+
+Why apart from the wire messages (`shared.schema`): outside clients (the
+`nats` CLI, a nats.js program, the dashboard's form) speak this, not
+msgpack, and the rules differ. A target request rejects unknown fields,
+because there a typo ("objetive") must not be silently ignored; replies are
+`{"ok": true, ...}` or `{"ok": false, "error": "<reason>"}`; the cluster
+summary is JSON so that `nats sub dqoes.cluster.state` is readable.
+
+Requests are parsed strictly and never raise anything but `SchemaError`
+with a one-line reason a person can act on. Shapes: docs/api.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import msgpack
+import orjson
+
+from shared.schema import SCHEMA_VERSION
+from shared.validation import (
+    FINITE,
+    OPEN_FRACTION,
+    POSITIVE,
+    UNIX_S,
+    Checked,
+    Invalid,
+    SchemaError,
+    build,
+    checked,
+    ident,
+    integer,
+    nested,
+    optional,
+    schema_error,
+    show,
+    text,
+    to_wire,
+)
+
+MAX_TARGET_BYTES = 64 * 1024
+"""A public target request larger than this is rejected before it is parsed."""
+
+MAX_OBJECTIVE_S = 86400.0
+"""Largest accepted objective: a day per batch is surely a typo."""
+
+# --- cluster summary (public JSON) ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeSummary(Checked):
+    """One node in the cluster summary: counts per class and the q sums (s per batch)."""
+
+    NAME: ClassVar[str] = "node_summary"
+
+    satisfied: int = checked(integer(0))
+    G: int = checked(integer(0))
+    S: int = checked(integer(0))
+    B: int = checked(integer(0))
+    pending: int = checked(integer(0))
+    slack_sum_g_s: float = checked(FINITE, aliases=("q_g_s",))
+    slack_sum_s_s: float = checked(FINITE, default=0.0, aliases=("q_s_s",))
+    slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
+    interval_s: float = checked(POSITIVE)
+    containers: int = checked(integer(0))
+    policy: str = checked(text)
+    at: float = checked(UNIX_S)
+
+
+def _node_map(value: Any) -> dict[str, NodeSummary]:
+    if not isinstance(value, Mapping):
+        raise Invalid(f"must be a map of node names to summaries, got {show(value)}")
+    out: dict[str, NodeSummary] = {}
+    check = nested(NodeSummary)
+    for node, item in value.items():
+        try:
+            out[ident(node)] = check(item)
+        except Invalid as e:
+            raise Invalid(e.problem, f"[{show(node)}]{e.sub}") from None
+    return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterState(Checked):
+    """The manager's cluster summary, published as JSON on subjects.CLUSTER_STATE.
+
+    Totals add up the nodes; `q_*_s` are sums of q = objective - latency over
+    the containers of each class (seconds per batch; Q_G >= 0, Q_B <= 0).
+    """
+
+    TYPE: ClassVar[str] = "cluster_state"
+    NAME: ClassVar[str] = "cluster_state"
+
+    nodes: dict[str, NodeSummary] = checked(_node_map)
+    satisfied_total: int = checked(integer(0))
+    G: int = checked(integer(0))
+    S: int = checked(integer(0))
+    B: int = checked(integer(0))
+    pending: int = checked(integer(0))
+    slack_sum_g_s: float = checked(FINITE, aliases=("q_g_s",))
+    slack_sum_s_s: float = checked(FINITE, default=0.0, aliases=("q_s_s",))
+    slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
+    containers_total: int = checked(integer(0))
+    at: float = checked(UNIX_S)
+
+    def to_json(self) -> bytes:
+        """UTF-8 JSON: {"type": "cluster_state", "v": 1, ...fields, "nodes": {...}}."""
+        body = {"type": self.TYPE, "v": SCHEMA_VERSION}
+        body.update(to_wire(self))
+        return orjson.dumps(body)
+
+    @classmethod
+    def from_json(cls, data: bytes | str) -> ClusterState:
+        """Parse and check a cluster summary (unknown fields ignored); SchemaError if bad."""
+        try:
+            obj = orjson.loads(data)
+        except Exception as e:
+            raise SchemaError(f"cluster_state: not JSON ({show(str(e))})") from None
+        if not isinstance(obj, dict):
+            raise SchemaError(f"cluster_state: must be a JSON object, got {type(obj).__name__}")
+        if obj.get("type", cls.TYPE) != cls.TYPE:
+            raise SchemaError(
+                f"cluster_state.type: expected 'cluster_state', got {show(obj['type'])}"
+            )
+        try:
+            return build(cls, obj)
+        except Invalid as e:
+            raise schema_error("cluster_state", e.sub, e.problem) from None
+
+
+# --- public target requests (dqoes.targets) ---------------------------------------------
+
+TARGET_FIELDS = ("container", "objective", "objective_s", "alpha")
+
+
+def _objective(value: Any) -> float:
+    """The objective of a public request, with a reason a person can act on."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise Invalid(f"must be a number of seconds per batch, got {show(value)}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        raise Invalid(
+            f"must be at most {MAX_OBJECTIVE_S:g} seconds per batch, got a huge number"
+        ) from None
+    if not math.isfinite(seconds):
+        raise Invalid(f"must be a finite number of seconds per batch, got {show(value)}")
+    if seconds <= 0:
+        raise Invalid(f"must be > 0 seconds per batch, got {show(value)}")
+    if seconds > MAX_OBJECTIVE_S:
+        raise Invalid(
+            f"must be at most {MAX_OBJECTIVE_S:g} seconds per batch (a day), got {show(value)}"
+        )
+    return seconds
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TargetRequest(Checked):
+    """One objective asked for on the public subject: seconds per batch for a container."""
+
+    NAME: ClassVar[str] = "target"
+
+    container: str = checked(ident)
+    objective_s: float = checked(_objective)
+    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
+
+    def to_json(self) -> bytes:
+        """The request as a client sends it: {"container": ..., "objective": ..., ["alpha": ...]}."""
+        body: dict[str, Any] = {"container": self.container, "objective": self.objective_s}
+        if self.alpha is not None:
+            body["alpha"] = self.alpha
+        return orjson.dumps(body)
+
+
+def _load_map(payload: bytes) -> Any:
+    """JSON first (what `nats req` sends), then msgpack."""
+    try:
+        return orjson.loads(payload)
+    except Exception as json_error:
+        try:
+            return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        except Exception:
+            raise SchemaError(
+                f"payload is neither JSON nor msgpack (JSON: {show(str(json_error))})"
+            ) from None
+
+
+def parse_target(payload: bytes | bytearray | memoryview) -> TargetRequest:
+    """Parse a public target request strictly; SchemaError with a one-line reason if bad.
+
+    Accepts a JSON object or msgpack map {"container": str, "objective": s per
+    batch, "alpha": optional}; "objective_s" is a synonym for "objective".
+    Unknown fields are rejected (typo protection).
+    """
+    try:
+        return _parse_target(payload)
+    except SchemaError:
+        raise
+    except Exception as e:  # a safety net: the contract is "only SchemaError"
+        raise SchemaError(f"target: undecodable (internal error: {e!r})") from None
+
+
+def _parse_target(payload: Any) -> TargetRequest:
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise SchemaError(f"payload must be bytes, got {type(payload).__name__}")
+    size = len(payload)
+    if size > MAX_TARGET_BYTES:
+        raise SchemaError(f"payload is {size} bytes; at most {MAX_TARGET_BYTES} are accepted")
+    data = bytes(payload)
+    if not data.strip():
+        raise SchemaError('empty payload; expected {"container": "<name>", "objective": <s>}')
+    obj = _load_map(data)
+    if not isinstance(obj, dict):
+        raise SchemaError(f"payload must be a JSON object or msgpack map, got {type(obj).__name__}")
+    unknown = [k for k in obj if k not in TARGET_FIELDS]
+    if unknown:
+        raise SchemaError(
+            f"unknown field {show(unknown[0])} (allowed: container, objective, objective_s, alpha)"
+        )
+    if "container" not in obj:
+        raise SchemaError("missing field 'container'")
+    if "objective" in obj and "objective_s" in obj:
+        raise SchemaError("give 'objective' or 'objective_s', not both")
+    key = "objective" if "objective" in obj else "objective_s"
+    if key not in obj:
+        raise SchemaError("missing field 'objective' (seconds per batch)")
+    try:
+        return TargetRequest(
+            container=obj["container"], objective_s=obj[key], alpha=obj.get("alpha")
+        )
+    except SchemaError as e:
+        # Name the field as the client spelled it: "objective: must be ...".
+        name = e.where.removeprefix(".")
+        name = key if name == "objective_s" else name
+        raise SchemaError(f"{name}: {e.problem}", where=f".{name}", problem=e.problem) from None
+
+
+def target_reply_ok(**fields: Any) -> bytes:
+    """JSON reply to an accepted target request: {"ok": true, ...fields}."""
+    return orjson.dumps({"ok": True, **fields})
+
+
+def target_reply_error(message: str) -> bytes:
+    """JSON reply to a rejected target request: {"ok": false, "error": message}."""
+    return orjson.dumps({"ok": False, "error": str(message)})
+
+
+def parse_target_reply(data: bytes) -> dict[str, Any]:
+    """A client's view of the reply: the JSON object, checked to carry a boolean "ok"."""
+    try:
+        obj = orjson.loads(data)
+    except Exception as e:
+        raise SchemaError(f"reply: not JSON ({show(str(e))})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
+        raise SchemaError('reply: must be a JSON object with a boolean "ok"')
+    return obj

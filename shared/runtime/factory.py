@@ -1,0 +1,117 @@
+"""Build a runtime by name: `sim`, `docker` or `cgroup`. The only importer of the simulated runtime.
+
+Why: the worker must run unchanged on a simulated node, a Docker host or a
+machine of plain processes, and production code must not depend on the
+simulator. The worker hands its settings here and gets a `Runtime` back;
+what is simulated stays behind this module (import-linter keeps it so).
+
+- `sim`: the scenario's containers of this node, simulated on a scaled clock;
+  each finished batch is handed to `on_batch`, which the worker wires to the
+  bus exactly as a real inference container publishes.
+- `docker`: the labelled containers of a real engine.
+- `cgroup`: plain processes in cgroups; with a scenario, the runtime starts
+  this node's containers itself as real inference processes
+  (`python -m services.inference`) at their submit times, in wall seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from shared.runtime.base import Runtime, RuntimeFailure
+from shared.scenarios.placement import place
+from shared.scenarios.spec import ContainerSpec, Scenario
+
+KINDS = ("sim", "docker", "cgroup")
+
+BatchCallback = Callable[[str, float, int, int, float, str | None], None]
+"""(container, latency_s, images, batch number, cpu_s, model) for each simulated batch."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuntimeSettings:
+    """What any runtime may need; each kind reads its own fields."""
+
+    kind: str
+    node: str
+    cores: float | None = None
+    """docker/cgroup: the node's cores (default: all of the machine's)."""
+    scenario: Scenario | None = None
+    """sim: the workload (required); cgroup: real processes to start (optional)."""
+    seed: int = 1
+    time_scale: float = 1.0
+    """sim: scenario seconds per wall second."""
+    start_at: float | None = None
+    """sim: unix time of scenario time 0 (shared by every worker of a stack)."""
+    cgroup_root: str = "/sys/fs/cgroup"
+    docker_url: str | None = None
+    require_node_label: bool = False
+    """docker: manage only containers labelled dqoes.node=<node> (several logical nodes on one engine)."""
+    workload_batch: int = 100
+    """cgroup with a scenario: images a batch of each inference process."""
+    workload_resolution: int | None = None
+    """cgroup with a scenario: image side in pixels (None: the model's)."""
+    nats_url: str = "nats://127.0.0.1:4222"
+    """cgroup with a scenario: where the inference processes publish."""
+
+
+def make_runtime(s: RuntimeSettings, on_batch: BatchCallback | None = None) -> Runtime:
+    """A runtime of kind `s.kind`, not started. ValueError for settings that cannot work."""
+    if s.kind == "sim":
+        if s.scenario is None:
+            raise ValueError("the sim runtime needs a scenario")
+        from shared.runtime.sim import SimRuntime
+        from shared.sim.physics import BatchDone
+
+        scenario = s.scenario
+        models = {c.name: c.model for c in scenario.containers}
+
+        def batch_done(b: BatchDone) -> None:
+            if on_batch is not None:
+                on_batch(b.container, b.latency_s, b.images, b.batch, b.cpu_s, models.get(b.container))
+
+        if s.start_at is not None:
+            return SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done,
+                              clock=time.time, start_at=s.start_at)
+        return SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done)
+    if s.kind == "docker":
+        from shared.runtime.docker import DockerRuntime
+
+        return DockerRuntime(s.node, cores=s.cores, cgroup_root=s.cgroup_root, docker_url=s.docker_url,
+                             require_node_label=s.require_node_label)
+    if s.kind == "cgroup":
+        from shared.runtime.cgroup import CgroupRuntime, PlannedProcess
+
+        plan: list[PlannedProcess] = []
+        cores = s.cores
+        if s.scenario is not None:
+            try:
+                cores = cores or s.scenario.node(s.node).cores
+            except KeyError:
+                raise RuntimeFailure(f"node {s.node!r} is not in scenario {s.scenario.name}") from None
+            plan = [
+                PlannedProcess(c.name, tuple(inference_argv(c, s)), c.submit_at_s, c.objective_s, c.alpha, c.model)
+                for c in node_containers(s.scenario, s.node)
+            ]
+        # One parent group per node: several workers on one machine never share one.
+        return CgroupRuntime(s.node, cores=cores, root=s.cgroup_root, parent=f"dqoes-{s.node}", plan=plan)
+    raise ValueError(f"unknown runtime {s.kind!r} (choose from {', '.join(KINDS)})")
+
+
+def node_containers(scenario: Scenario, node: str) -> list[ContainerSpec]:
+    """This node's containers in submit order (the simulator's placement for unpinned ones)."""
+    placement = place(scenario)
+    return sorted((c for c in scenario.containers if placement[c.name] == node),
+                  key=lambda c: (c.submit_at_s, c.name))
+
+
+def inference_argv(c: ContainerSpec, s: RuntimeSettings) -> list[str]:
+    """The real inference process standing in for scenario container `c`."""
+    argv = [sys.executable, "-m", "services.inference", "--name", c.name, "--node", s.node,
+            "--model", c.model, "--batch", str(s.workload_batch), "--nats", s.nats_url]
+    if s.workload_resolution is not None:
+        argv += ["--resolution", str(s.workload_resolution)]
+    return argv
