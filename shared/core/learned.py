@@ -1,0 +1,593 @@
+"""`learned`: learn each container's latency curve online, then solve for the best allocation.
+
+Why: DQoES moves CPU a fixed fraction at a time on one batch's latency, so it
+settles in tens of rounds, freezes when every container is late (R_G = 0)
+and counts throttling fast containers into their band as a success. This
+policy keeps a model of each container's batch latency as a function of the
+CPU it gets, learned from what the worker already observes (each batch's
+latency, the CPU it used, the limit it ran under), and every round chooses
+the limits that make the most containers meet their objective, then the
+most land in their band, then spend the least CPU, within the node.
+
+The model (docs/algorithms.md, "The learned allocator"):
+
+- below the container's saturation, log L = theta0 - k log c: a power law in
+  the cores c it gets (k = 1 is "work / cores"; real quotas cost extra CPU at
+  small limits, k > 1). Fitted by weighted Bayesian linear regression in
+  (log c, log L) with a prior k ~ N(1, 0.35^2) and, only when asked
+  (`use_prior`), a prior on theta0 from a calibrated profile;
+- c for a batch is its limit when the limit bound it (the batch used at least
+  BINDING of it), else the CPU it actually got (CPU-seconds / latency);
+- a container that got less than its limit while the node had idle CPU is
+  saturated (threads, I/O): more CPU beyond what it used does not help;
+- batches that straddled a limit change are dropped, the first batch (warm-up)
+  counts a little, older batches fade (half-life in batches), outliers are
+  down-weighted, and two consecutive batches far off the curve on the same
+  side mean the curve moved (drift): the model restarts from them.
+
+The solver, each round: every container's target is its objective (nudged
+below the band's centre by half the measured noise, so a noisy container
+still meets it); the limit that reaches the target with the model's
+uncertainty as a margin is its cost. Containers faster than their band even
+at the floor get the floor (met, not in band). The rest are taken cheapest
+first while the node has room (one unit of value each: this maximises the
+count exactly for the model); those left out and those that cannot meet
+their objective even alone get a fair best effort from what is left, never
+less than the floor. Limits move only past a dead band; the next round comes
+when the next informative batch is due, backing off when nothing is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shared.core.classification import classify_views
+from shared.core.dqoes import floor_limit
+from shared.core.policy import (
+    BaseParams,
+    CurveLookup,
+    PolicyBase,
+    PolicySpec,
+    build_decision,
+    check_interval,
+    check_total_resource,
+    no_curves,
+)
+from shared.core.profiles import ModelProfile
+from shared.core.types import BatchObs, ContainerView, Decision, NodeView
+
+BINDING = 0.85
+"""A batch that used at least this share of its limit was held by it."""
+K_PRIOR_SD = 0.35
+K_RANGE = (0.3, 3.0)
+NOISE_PRIOR = 0.05
+"""Prior standard deviation of log latency between batches (weight NOISE_PSEUDO batches)."""
+NOISE_PSEUDO = 2.0
+NOISE_SMOOTHING = 1.0 / 32
+"""Weight of a new batch in the slow noise estimate targets use (a stable margin, no chasing)."""
+OUTLIER_SD = 3.0
+"""A batch further than this many standard deviations from the curve is suspect."""
+WARMUP_WEIGHT = 0.3
+PRIOR_THETA_SD = 0.35
+"""How far (log) a calibrated profile's work per batch may be off when used as a prior."""
+MAX_STEP_UNCERTAIN = 2.0
+"""While the fit is uncertain a limit moves at most by this factor a round."""
+UNCERTAIN_SD = 0.25
+BEST_EFFORT_DEAD_BAND = 0.25
+TOO_FAST_SLACK = 1.5
+"""A container faster than its band at the floor keeps a limit up to this many floors (no trimming)."""
+"""A container that cannot be met keeps its share unless it would move by more than this."""
+
+
+@dataclass(frozen=True, slots=True)
+class LearnedParams(BaseParams):
+    """Parameters of the learned allocator; every one is settable at runtime."""
+
+    initial_interval_s: float = 5.0
+    """The shortest wait between rounds when a container is learning (seconds)."""
+    max_interval_s: float = 120.0
+    """The longest wait between rounds when every container is settled."""
+    total_resource: float = 1.0
+    """T_R: the most any one limit may be, as a fraction of the node (as DQoES's)."""
+    half_life_batches: float = 8.0
+    """Observations lose half their weight after this many newer batches (follows drift)."""
+    confidence_z: float = 1.0
+    """Margin, in standard deviations of the fitted curve, added to every container's need."""
+    dead_band: float = 0.05
+    """A limit that would move by less than this (relative) is left alone: no flapping."""
+    best_effort_share: float = 1.0
+    """What a container that cannot be met gets at most, in fair shares of the node (node / |C|)."""
+    use_prior: float = 0.0
+    """1: start each curve from the container's calibrated profile (when one is known); 0: observations only."""
+
+    def __post_init__(self) -> None:
+        BaseParams.__post_init__(self)
+        check_interval(self.max_interval_s, "max_interval_s")
+        if self.max_interval_s < self.initial_interval_s:
+            raise ValueError("max_interval_s must be >= initial_interval_s")
+        check_total_resource(self.total_resource)
+        for name, lo, hi in (("half_life_batches", 1.0, 1000.0), ("confidence_z", 0.0, 5.0),
+                             ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and lo <= v <= hi):
+                raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
+
+
+@dataclass(slots=True)
+class Curve:
+    """One container's fitted log-latency line and what it knows about its saturation."""
+
+    # Decayed weighted sums over observations (x = log cores, y = log latency).
+    sw: float = 0.0
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    syy: float = 0.0
+    n: int = 0
+    """Observations taken (not weighted)."""
+    theta_mean: float = 0.0
+    theta_sd: float = math.inf
+    """Prior on theta0 (log CPU-seconds at one core); infinite: none."""
+    k_mean: float = 1.0
+    k_sd: float = K_PRIOR_SD
+    sat_cores: float | None = None
+    """Most cores the container has been seen able to use; None: no sign of a ceiling."""
+    suspects: list[float] = field(default_factory=list)
+    """Residuals of the latest consecutive batches beyond OUTLIER_SD (drift watch)."""
+    fit: tuple[float, float, float, float, float, float] | None = None
+    """(theta0, k, var theta0, cov, var k, noise sd) of the last fit."""
+    changed_at_s: float | None = None
+    last_clean_s: float | None = None
+    """When the latest clean batch finished (verifies the latest change once after it)."""
+    expect_at_s: float | None = None
+    """When the next batch that tells something about the limit set last is due."""
+    noise2: float | None = None
+    """Slow running mean of squared residuals: the batch-to-batch noise targets allow for."""
+    expected: tuple[float, float] | None = None
+    """(mean log latency, tolerance) the curve gives at the limit set last: batches beyond it are strikes."""
+    strikes: int = 0
+
+    @property
+    def noise(self) -> float:
+        """The batch-to-batch noise (sd of log latency), smoothed over many batches."""
+        f = self.solve()
+        if self.noise2 is None:
+            return f[5] if f is not None else NOISE_PRIOR
+        return math.sqrt(self.noise2)
+
+    def add(self, x: float, y: float, w: float, decay: float) -> None:
+        self.sw = self.sw * decay + w
+        self.sx = self.sx * decay + w * x
+        self.sy = self.sy * decay + w * y
+        self.sxx = self.sxx * decay + w * x * x
+        self.sxy = self.sxy * decay + w * x * y
+        self.syy = self.syy * decay + w * y * y
+        self.n += 1
+        self.fit = None
+
+    def restart(self) -> None:
+        """Forget every observation (the curve moved); keep what was learnt of k as a prior."""
+        f = self.solve()
+        if f is not None and self.n >= 3:
+            self.k_mean, self.k_sd = f[1], max(0.1, math.sqrt(f[4]))
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+        self.n = 0
+        self.theta_sd = math.inf
+        self.suspects.clear()
+        self.fit = None
+
+    def solve(self) -> tuple[float, float, float, float, float, float] | None:
+        """Posterior of (theta0, k) and the noise sd, or None with no observation at all."""
+        if self.fit is not None:
+            return self.fit
+        if self.sw <= 0:
+            return None
+        # y = theta0 - k x: design row (1, -x).
+        a11, a12, a22 = self.sw, -self.sx, self.sxx
+        b1, b2 = self.sy, -self.sxy
+        # Noise from the weighted residuals of the plain fit (prior NOISE_PRIOR).
+        sigma2 = NOISE_PRIOR**2
+        for _ in range(2):
+            p11 = a11 / sigma2 + (0.0 if math.isinf(self.theta_sd) else 1 / self.theta_sd**2) + 1e-9
+            p12 = a12 / sigma2
+            p22 = a22 / sigma2 + 1 / self.k_sd**2
+            r1 = b1 / sigma2 + (0.0 if math.isinf(self.theta_sd) else self.theta_mean / self.theta_sd**2)
+            r2 = b2 / sigma2 + self.k_mean / self.k_sd**2
+            det = p11 * p22 - p12 * p12
+            if det <= 0:
+                return None
+            theta = (p22 * r1 - p12 * r2) / det
+            k = (p11 * r2 - p12 * r1) / det
+            # Weighted residual sum of squares of y - (theta - k x).
+            rss = (self.syy - 2 * theta * self.sy + 2 * k * self.sxy + theta * theta * self.sw
+                   - 2 * theta * k * self.sx + k * k * self.sxx)
+            sigma2 = (max(0.0, rss) + NOISE_PSEUDO * NOISE_PRIOR**2) / (self.sw + NOISE_PSEUDO)
+        k = min(K_RANGE[1], max(K_RANGE[0], k))
+        self.fit = (theta, k, p22 / det, -p12 / det, p11 / det, math.sqrt(sigma2))
+        return self.fit
+
+    def predict(self, cores: float) -> tuple[float, float] | None:
+        """(mean, model sd) of log latency with `cores`, or None before any observation."""
+        f = self.solve()
+        if f is None:
+            return None
+        theta, k, v11, v12, v22, _ = f
+        c = min(cores, self.sat_cores) if self.sat_cores is not None else cores
+        x = math.log(max(c, 1e-6))
+        var = v11 - 2 * x * v12 + x * x * v22  # h = (1, -x): var = h V h
+        return theta - k * x, math.sqrt(max(0.0, var))
+
+    def cores_for(self, latency_s: float, z: float) -> float | None:
+        """Fewest cores whose latency, with z model sds of margin, is at most `latency_s`.
+
+        math.inf when even the saturation point is too slow; None before any observation.
+        """
+        f = self.solve()
+        if f is None:
+            return None
+        theta, k, *_ = f
+        target = math.log(latency_s)
+        c = math.exp((theta - target) / k)
+        for _ in range(3):  # the margin depends (weakly) on where it is evaluated
+            pred = self.predict(c)
+            assert pred is not None
+            c = math.exp((theta + z * pred[1] - target) / k)
+        if self.sat_cores is not None and c > self.sat_cores * 1.02:
+            return math.inf
+        return c
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What the solver decided for one container this round."""
+
+    limit: float
+    kind: str
+    """in band | too fast | best effort | unachievable | learning"""
+    need: float | None = None
+
+
+class LearnedPolicy(PolicyBase):
+    """Learned latency curves, a count-maximising solve each round, event-driven rounds."""
+
+    name = "learned"
+
+    def __init__(self, params: LearnedParams | None = None, curve_of: CurveLookup = no_curves) -> None:
+        self.params = params or LearnedParams()
+        self.curve_of = curve_of
+        self.curves: dict[str, Curve] = {}
+        self.chosen: set[str] = set()
+        """Containers the last round gave what they need to be met."""
+        self._interval_s = self.params.initial_interval_s
+
+    def set_params(self, params: LearnedParams) -> None:
+        self.params = params
+        self._interval_s = params.initial_interval_s
+
+    def wants_round(self, name: str, latency_s: float, now_s: float) -> bool:
+        """Two batches in a row far off the curve at their limit: the curve moved, decide now."""
+        c = self.curves.get(name)
+        if c is None or c.expected is None:
+            return False
+        mean, tol = c.expected
+        c.strikes = c.strikes + 1 if abs(math.log(latency_s) - mean) > tol else 0
+        if c.strikes >= 2:
+            c.strikes = 0
+            c.expected = None  # once per change: the round that follows re-fits
+            return True
+        return False
+
+    # -- learning ------------------------------------------------------------------------
+
+    def _curve(self, name: str) -> Curve:
+        c = self.curves.get(name)
+        if c is None:
+            c = Curve()
+            prior = self.curve_of(name) if self.params.use_prior >= 0.5 else None
+            if prior is not None:
+                c.theta_mean, c.theta_sd = _prior_theta(prior), PRIOR_THETA_SD
+                c.sat_cores = float(prior.threads)
+            self.curves[name] = c
+        return c
+
+    def _observe(self, v: ContainerView, curve: Curve, cores: float, node_busy: float) -> None:
+        decay = 0.5 ** (1.0 / self.params.half_life_batches)
+        for b in v.batches:
+            if not b.clean:
+                self._observe_straddled(b, curve, cores, decay)
+                continue
+            curve.last_clean_s = b.finished_at_s
+            limit_cores = None if b.limit is None else b.limit * cores
+            rate = None
+            if b.cpu_s is not None:
+                rate = b.cpu_s / b.latency_s
+            elif v.cpu_share is not None:
+                rate = v.cpu_share * cores
+            if limit_cores is not None and (rate is None or rate >= BINDING * limit_cores):
+                got = limit_cores
+            elif rate is not None and rate > 0:
+                got = rate
+                if node_busy < 0.9:
+                    # It left CPU it could have had unused: a ceiling of its own.
+                    curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
+            else:
+                continue
+            x, y = math.log(got), math.log(b.latency_s)
+            w = WARMUP_WEIGHT if b.index == 0 else 1.0
+            pred = curve.predict(got)
+            fit = curve.solve()
+            if pred is not None and fit is not None and curve.n >= 3:
+                resid = y - pred[0]
+                sd = max(fit[5], NOISE_PRIOR)
+                if abs(resid) > OUTLIER_SD * sd:
+                    curve.suspects.append(resid)
+                    if len(curve.suspects) >= 2 and all(r * resid > 0 for r in curve.suspects[-2:]):
+                        curve.restart()
+                        curve.add(x, y, 1.0, decay)
+                        continue
+                    w *= OUTLIER_SD * sd / abs(resid)  # one odd batch counts little
+                else:
+                    curve.suspects.clear()
+                    r2 = resid * resid
+                    curve.noise2 = r2 if curve.noise2 is None else curve.noise2 + NOISE_SMOOTHING * (r2 - curve.noise2)
+            curve.add(x, y, w, decay)
+
+    @staticmethod
+    def _observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: float) -> None:
+        """A batch that ran partly under the previous limit, read as the batch it would have been.
+
+        With t1 seconds under c1 cores and t2 under c2, its work would have taken
+        t1 (c1/c2)^k + t2 under c2 alone. Used only when both limits held the
+        batch (it used at least BINDING of what it was allowed), weighted by the
+        share it spent under the new limit: one batch sooner to see a change.
+        """
+        if b.limit is None or b.prev_limit is None or b.cpu_s is None:
+            return
+        start = b.finished_at_s - b.latency_s
+        t1, t2 = b.since_s - start, b.finished_at_s - b.since_s
+        if t1 <= 0 or t2 <= 0:
+            return
+        c1, c2 = b.prev_limit * cores, b.limit * cores
+        if b.cpu_s < BINDING * (c1 * t1 + c2 * t2):
+            return
+        fit = curve.solve()
+        k = fit[1] if fit is not None else curve.k_mean
+        equiv = t1 * (c1 / c2) ** k + t2
+        curve.add(math.log(c2), math.log(equiv), 0.5 * t2 / b.latency_s, decay)
+
+    # -- deciding ------------------------------------------------------------------------
+
+    def decide(self, view: NodeView) -> Decision:
+        p = self.params
+        cl = classify_views(view.containers)
+        cores = view.cores
+        present = {v.name for v in view.containers}
+        for gone in [n for n in self.curves if n not in present]:
+            del self.curves[gone]
+        busy = sum(v.cpu_share or 0.0 for v in view.containers)
+        for v in view.containers:
+            self._observe(v, self._curve(v.name), cores, busy)
+        plans = self._solve(view.containers, cores)
+        floor = floor_limit(len(view.containers))
+        proposal: dict[str, float] = {}
+        for v in view.containers:
+            plan, old = plans[v.name], v.limit
+            new = plan.limit
+            if old is not None:
+                if plan.kind == "too fast":
+                    keep = floor <= old <= new * TOO_FAST_SLACK
+                elif plan.kind in ("in band", "learning"):
+                    # A move smaller than what the fit can tell apart from noise is not made.
+                    at_old = self.curves[v.name].predict(old * cores)
+                    tell = 2 * at_old[1] if at_old is not None else 0.0
+                    keep = abs(math.log(new / old)) <= max(math.log1p(p.dead_band), tell)
+                else:  # cannot be met: a share, not a target
+                    keep = abs(new - old) <= BEST_EFFORT_DEAD_BAND * max(old, new)
+                if keep:
+                    new = old
+                elif plan.kind == "in band":
+                    pred = self.curves[v.name].predict(new * cores)
+                    if pred is None or pred[1] > UNCERTAIN_SD:
+                        # An uncertain fit moves a limit only so far a round.
+                        new = min(max(new, old / MAX_STEP_UNCERTAIN), old * MAX_STEP_UNCERTAIN)
+            proposal[v.name] = new
+        # Staying put must not overcommit the node: the largest overshoots give way first,
+        # then (only if the node is still overcommitted) the largest limits, down to the floor.
+        excess = sum(proposal.values()) - 1.0
+        for over, name in sorted(((proposal[n] - plans[n].limit, n) for n in proposal), reverse=True):
+            if excess <= 1e-9 or over <= 0:
+                break
+            back = min(over, excess)
+            proposal[name] -= back
+            excess -= back
+        if excess > 1e-9:
+            for name in sorted(proposal, key=lambda n: -proposal[n]):
+                back = min(proposal[name] - floor, excess)
+                proposal[name] -= back
+                excess -= back
+                if excess <= 1e-9:
+                    break
+        ups: dict[str, tuple[float | None, str]] = {}
+        for v in view.containers:
+            new, old, curve = proposal[v.name], v.limit, self.curves[v.name]
+            fit, at = curve.solve(), curve.predict(new * cores)
+            curve.expected = None if fit is None or at is None else (at[0], OUTLIER_SD * max(fit[5], NOISE_PRIOR) + at[1])
+            curve.strikes = 0
+            if new != old:
+                curve.changed_at_s = view.now_s
+                lat = curve.predict(new * cores)
+                step = math.exp(lat[0]) if lat is not None else (v.latency_s or v.last_latency_s or 0.0)
+                # The batch running now straddles the change and already tells something.
+                curve.expect_at_s = view.now_s + step
+            ups[v.name] = (new, _reason(plans[v.name], curve))
+        interval = self._next_interval(view.now_s)
+        return build_decision(self.name, view, cl, ups, interval_s=interval,
+                              listener=f"next informative batch in {interval:.3g} s")
+
+    def _solve(self, views: Sequence[ContainerView], cores: float) -> dict[str, _Plan]:
+        """Limits (fractions of the node) for every container: most met, then in band, then least CPU."""
+        p = self.params
+        n = len(views)
+        floor = floor_limit(n)
+        cap = p.total_resource
+        z = p.confidence_z
+        plans: dict[str, _Plan] = {}
+        candidates: list[tuple[float, str]] = []
+        centre: dict[str, float] = {}
+        margin: dict[str, float] = {}
+        best_effort: list[str] = []
+        learning: list[ContainerView] = []
+        for v in views:
+            curve = self.curves[v.name]
+            fit = curve.solve()
+            if fit is None:
+                learning.append(v)
+                continue
+            noise = curve.noise
+            # Cheapest met: the band's slow edge on the fitted curve; room permitting, a margin
+            # for the batch-to-batch noise and the fit's uncertainty comes on top (below).
+            edge_s = v.objective_s * (1 + v.alpha) * math.exp(-1.5 * noise)
+            edge = curve.cores_for(edge_s, 0.0)
+            if edge is None or not math.isfinite(edge) or edge > cap * cores:
+                best_effort.append(v.name)
+                plans[v.name] = _Plan(floor, "unachievable")
+                continue
+            need = edge / cores
+            safe = curve.cores_for(edge_s, z)
+            safe = need if safe is None or not math.isfinite(safe) else safe / cores
+            # Where to go if there is room: the band's centre, never past its fast edge.
+            mid = curve.cores_for(v.objective_s * math.exp(-0.5 * noise), z) or edge
+            fast_edge = curve.cores_for((1 - v.alpha) * v.objective_s * math.exp(noise), 0.0) or math.inf
+            margin[v.name] = min(max(need, safe), cap)
+            centre[v.name] = min(max(margin[v.name], min(mid, fast_edge) / cores), cap)
+            if v.limit is not None and need * (1 - p.dead_band) <= v.limit <= min(cap, fast_edge / cores) and _in_band(v):
+                at = curve.predict(v.limit * cores)
+                if at is not None and at[0] <= math.log(edge_s):
+                    # In band where it is and the curve agrees: leave it there (no trimming).
+                    margin[v.name] = centre[v.name] = v.limit
+            if need <= floor:
+                at_floor = curve.predict(floor * cores)
+                fast = at_floor is not None and math.exp(at_floor[0]) < (1 - v.alpha) * v.objective_s
+                plans[v.name] = _Plan(floor, "too fast" if fast else "in band", need)
+                continue
+            plans[v.name] = _Plan(need, "candidate", need)
+            candidates.append((need - floor, v.name))
+        budget = 1.0 - floor * n
+        # Containers still learning keep what they have; a newcomer starts at an equal part of the
+        # CPU no limit holds, never more than the node can spare once the others have their floor.
+        free = 1.0 - sum(v.limit for v in views if v.limit is not None)
+        newcomers = sum(1 for v in learning if v.limit is None)
+        for v in learning:
+            share = v.limit if v.limit is not None else max(floor, min(cap, free / max(1, newcomers)))
+            plans[v.name] = _Plan(share, "learning")
+            budget -= share - floor
+        for v in learning:
+            if v.limit is None and budget < 0:
+                back = min(plans[v.name].limit - floor, -budget)
+                plans[v.name] = _Plan(plans[v.name].limit - back, "learning")
+                budget += back
+        chosen = _choose(candidates, budget, self.chosen)
+        for extra, name in candidates:
+            if name in chosen:
+                budget -= extra
+                plans[name] = _Plan(plans[name].limit, "in band", plans[name].need)
+            else:
+                best_effort.append(name)
+                plans[name] = _Plan(floor, "no room", plans[name].need)
+        self.chosen = set(chosen)
+        # Room left: first the fit's uncertainty as a margin, then towards the band's centre,
+        # cheapest step first.
+        for goal in (margin, centre):
+            for step, name in sorted((goal[n] - plans[n].limit, n) for n in chosen):
+                if step <= 0 or budget <= 1e-12:
+                    continue
+                give = min(step, budget)
+                plans[name] = _Plan(plans[name].limit + give, "in band", plans[name].need)
+                budget -= give
+        # Then an equal part to each container that cannot be met, up to its fair share.
+        limit_each = max(floor, min(cap, p.best_effort_share / max(1, n)))
+        want = {}
+        for name in best_effort:
+            curve = self.curves[name]
+            top = limit_each
+            if curve.sat_cores is not None:
+                top = min(top, max(floor, curve.sat_cores / cores))
+            want[name] = top
+        while budget > 1e-9 and want:
+            share = budget / len(want)
+            for name in list(want):
+                give = min(share, want[name] - plans[name].limit)
+                plans[name] = _Plan(plans[name].limit + give, plans[name].kind, plans[name].need)
+                budget -= give
+                if plans[name].limit >= want[name] - 1e-12:
+                    del want[name]
+        return plans
+
+    def _next_interval(self, now_s: float) -> float:
+        """The wait until a batch is due that can change a decision; doubling while none is."""
+        p = self.params
+        due = []
+        for c in self.curves.values():
+            if c.n == 0:
+                due.append(now_s + p.initial_interval_s)
+            elif c.changed_at_s is not None and (c.last_clean_s is None or c.last_clean_s <= c.changed_at_s):
+                if c.expect_at_s is not None and c.expect_at_s > now_s:
+                    due.append(c.expect_at_s)
+                else:  # late: look again at a fraction of its batch time
+                    step = (c.expect_at_s or now_s) - (c.changed_at_s or now_s)
+                    due.append(now_s + max(p.initial_interval_s, step / 4))
+        if due:
+            self._interval_s = min(p.max_interval_s, max(p.initial_interval_s, min(due) - now_s))
+        else:
+            self._interval_s = min(p.max_interval_s, self._interval_s * 2)
+        return self._interval_s
+
+
+def _choose(candidates: Sequence[tuple[float, str]], budget: float, incumbents: set[str]) -> list[str]:
+    """The most containers whose extra CPU fits the budget, keeping last round's where that costs no count.
+
+    Cheapest first gives the largest count (one unit of value each). Taking
+    last round's chosen first, then the others cheapest first, is kept when it
+    reaches the same count: the set does not change for a tie.
+    """
+    def greedy(order: Sequence[tuple[float, str]]) -> list[str]:
+        left, out = budget, []
+        for extra, name in order:
+            if extra <= left + 1e-12:
+                left -= extra
+                out.append(name)
+        return out
+
+    best = greedy(sorted(candidates))
+    stable = greedy(sorted(candidates, key=lambda c: (c[1] not in incumbents, c[0], c[1])))
+    return stable if len(stable) >= len(best) else best
+
+
+def _in_band(v: ContainerView) -> bool:
+    lat = v.latency_s if v.latency_s is not None else v.last_latency_s
+    return lat is not None and abs(v.objective_s - lat) <= v.alpha * v.objective_s
+
+
+def _prior_theta(profile: ModelProfile) -> float:
+    """log latency at one core per a calibrated profile: its CPU work per batch (one thread or more)."""
+    return math.log(profile.latency_s(1.0, max(1.0, float(profile.threads))))
+
+
+def _reason(plan: _Plan, curve: Curve) -> str:
+    f = curve.solve()
+    if f is None:
+        return f"learned: {plan.kind} (no clean batch yet)"
+    return f"learned: {plan.kind} (k {f[1]:.2f}, noise {f[5]:.2f}, {curve.n} batches)"
+
+
+SPEC = PolicySpec(
+    name="learned",
+    label="learned curves",
+    summary="our allocator: learns each container's latency curve online and solves for the most met, "
+    "then in band, then the least CPU",
+    params_type=LearnedParams,
+    factory=lambda params, context: LearnedPolicy(params, context.curve_of),
+)

@@ -1,0 +1,160 @@
+"""The learned allocator in the simulator, with explicit times: drift, noise, the unachievable,
+arrivals and departures, objectives that change twice.
+
+Each scenario is small and written out here, so what the policy faces is
+visible: a model `m` whose batch costs 10 CPU-seconds on up to 4 threads
+(latency = 10 / cores below 4 cores), on one node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shared.core.learned import LearnedPolicy
+from shared.core.types import Cls, is_satisfied
+from shared.scenarios.spec import parse_scenario
+from shared.sim.engine import SimResult, simulate
+
+MODEL = {"name": "m", "work_cpu_s": 10.0, "threads": 4}
+
+
+def scenario(containers: list[dict[str, Any]], *, cores: float = 4.0, duration_s: float = 900.0,
+             noise: float = 0.03, **controller: Any):
+    return parse_scenario({
+        "name": "learned-test", "duration_s": duration_s, "noise_sigma": noise,
+        "nodes": [{"name": "n1", "cores": cores}], "models": [MODEL],
+        "containers": [{"model": "m", **c} for c in containers], "controller": controller,
+    })
+
+
+def run(sc, seed: int = 1) -> SimResult:
+    return simulate(sc, "learned", seed, record=True)
+
+
+def container_rows(res: SimResult, name: str) -> list[dict[str, Any]]:
+    return [r for r in res.timeline if r["kind"] == "container" and r["container"] == name]
+
+
+def final(res: SimResult, name: str):
+    return next(f for f in res.final if f.name == name)
+
+
+def rounds_out_of_band_after(res: SimResult, name: str, after_s: float, objective_s: float, alpha: float = 0.1) -> int:
+    """Rounds after `after_s` that reported the container outside its band before it was back for good."""
+    rows = [r for r in container_rows(res, name) if r["t_s"] > after_s and r["latency_s"] is not None]
+    last_out = 0
+    for i, r in enumerate(rows, 1):
+        if not is_satisfied(objective_s, r["latency_s"], alpha):
+            last_out = i
+    return last_out
+
+
+def test_a_curve_that_doubles_is_back_in_band_within_three_rounds():
+    # c1 needs 10/12 = 0.83 cores, then 1.67 when its batches cost twice as much (the floor,
+    # a sixth of the node, is 0.67 cores).
+    sc = scenario([
+        {"name": "c1", "objective_s": 12.0, "changes": [{"at_s": 400.0, "work_factor": 2.0}]},
+        {"name": "c2", "objective_s": 10.0},
+        {"name": "c3", "objective_s": 12.0},
+    ])
+    res = run(sc)
+    before = [r for r in container_rows(res, "c1") if 300 < r["t_s"] < 400]
+    assert before and all(r["cls"] == "S" for r in before)
+    assert rounds_out_of_band_after(res, "c1", 400.0, 12.0) <= 3
+    f = final(res, "c1")
+    assert f.satisfied and 1.5 <= f.limit * 4.0 <= 2.0
+    assert final(res, "c2").satisfied and final(res, "c3").satisfied
+
+
+def test_noisy_latencies_do_not_make_limits_flap():
+    sc = scenario([{"name": f"c{i}", "objective_s": o} for i, o in enumerate((12.0, 20.0, 30.0, 40.0, 25.0, 15.0))],
+                  noise=0.15, duration_s=1800.0)
+    res = run(sc)
+    for i in range(6):
+        late = [r for r in container_rows(res, f"c{i}") if r["t_s"] > 600]
+        limits = [r["limit"] for r in late]
+        changes = sum(1 for a, b in zip(limits, limits[1:], strict=False) if a != b)
+        # Twenty minutes of batches at sigma 0.15: a limit may be corrected, not chased.
+        assert changes <= 3, (f"c{i}", changes, limits)
+    assert res.met_final >= 5
+
+
+def test_an_unachievable_container_gets_a_fair_best_effort_and_the_others_are_met():
+    sc = scenario([
+        {"name": "hopeless", "objective_s": 1.0},  # 10 CPU-s in 1 s needs 10 cores; the node has 4
+        {"name": "a", "objective_s": 10.0},
+        {"name": "b", "objective_s": 20.0},
+        {"name": "c", "objective_s": 40.0},
+    ])
+    res = run(sc)
+    assert all(final(res, n).met for n in "abc")
+    h = final(res, "hopeless")
+    assert not h.met
+    # Never starved: at least its fair share of the node (a quarter), and it keeps getting batches.
+    assert h.limit is not None and h.limit >= 0.25 - 1e-9
+    assert h.batches > 60  # a batch every 10 s or less
+
+
+def test_arrivals_and_departures_leave_no_state_behind_and_free_their_cpu():
+    sc = scenario([
+        {"name": "stay", "objective_s": 10.0},
+        {"name": "brief", "objective_s": 5.0, "submit_at_s": 100.0, "duration_s": 300.0},
+        {"name": "late", "objective_s": 4.0, "submit_at_s": 500.0},
+    ])
+    sc_policy: list[LearnedPolicy] = []
+    from shared.sim import engine
+
+    orig = engine.make_policy
+
+    def spy(name, scenario_, context=None):
+        p = orig(name, scenario_, context)
+        sc_policy.append(p)
+        return p
+
+    engine.make_policy = spy
+    try:
+        res = run(sc)
+    finally:
+        engine.make_policy = orig
+    (policy,) = sc_policy
+    assert set(policy.curves) == {"stay", "late"}  # "brief" left: nothing of it is kept
+    assert final(res, "late").met and final(res, "stay").met
+    # "late" needs 2.5 cores: only there because "brief" (2 cores) released its CPU.
+    assert final(res, "late").limit * 4.0 >= 2.4
+
+
+def test_an_objective_changed_twice_in_quick_succession_ends_on_the_second():
+    # The floor is a quarter of the node (1 core): 20 s is faster than asked even there; 5 s
+    # needs 2 cores and 8 s 1.25.
+    sc = scenario([
+        {"name": "c1", "objective_s": 20.0,
+         "changes": [{"at_s": 400.0, "objective_s": 5.0}, {"at_s": 405.0, "objective_s": 8.0}]},
+        {"name": "c2", "objective_s": 10.0},
+    ])
+    res = run(sc)
+    rows = [r for r in container_rows(res, "c1") if r["t_s"] >= 405.0]
+    assert rows[0]["objective_s"] == 8.0
+    assert rounds_out_of_band_after(res, "c1", 405.0, 8.0) <= 3
+    f = final(res, "c1")
+    assert f.satisfied and f.objective_s == 8.0
+    # The learned curve answers a new objective at once: few moves after the second change.
+    moves = [r for r in rows if r["t_s"] > 405.0]
+    limits = [r["limit"] for r in moves]
+    assert sum(1 for a, b in zip(limits, limits[1:], strict=False) if abs(b - a) > 0.05 * max(a, b)) <= 3
+
+
+def test_an_even_split_it_learns_matches_the_oracle_on_the_papers_achievable_experiment():
+    from shared.scenarios.builtin import BUILTINS
+
+    for name in ("paper-identical-achievable", "fig2node-identical-achievable"):
+        res = simulate(BUILTINS[name](1), "learned", 1)
+        assert res.met_final == res.oracle_met == 10, name
+        assert res.satisfied_final == res.oracle_satisfied == 10, name
+
+
+def test_the_reason_says_what_the_solver_decided():
+    res = run(scenario([{"name": "hopeless", "objective_s": 1.0}, {"name": "a", "objective_s": 10.0}]))
+    last = {r["container"]: r["reason"] for r in res.timeline if r["kind"] == "container"}
+    assert last["hopeless"].startswith("learned: unachievable")
+    assert last["a"].startswith("learned: in band")
+    assert res.timeline[-1]["cls"] in (Cls.S.value, Cls.G.value, Cls.B.value)
