@@ -20,7 +20,8 @@ The model (docs/algorithms.md, "The learned allocator"):
   BINDING of it), else the CPU it actually got (CPU-seconds / latency);
 - a container that got less than its limit while the node had idle CPU is
   saturated (threads, I/O): more CPU beyond what it used does not help;
-- batches that straddled a limit change are dropped, the first batch (warm-up)
+- a batch that straddled a limit change is read as the batch it would have
+  been under the new limit (or dropped when a limit did not hold it), the first batch (warm-up)
   counts a little, older batches fade (half-life in batches), outliers are
   down-weighted, and two consecutive batches far off the curve on the same
   side mean the curve moved (drift): the model restarts from them.
