@@ -36,6 +36,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments import common
 from experiments.calibration import (
     LimitRun,
     ModelCalibration,
@@ -217,12 +218,7 @@ def command_line(opts: CalibrationOptions) -> str:
 
 
 def machine_meta(opts: CalibrationOptions) -> dict[str, Any]:
-    cpu_model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
+    cpu_model = common.cpu_model()
     try:
         torch_version = metadata.version("torch")
     except metadata.PackageNotFoundError:

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from shared.core.policy import PolicyContext
-from shared.core.profiles import ModelProfile
 from shared.scenarios.builtin import load
 from shared.scenarios.spec import Scenario
-from shared.sim.engine import SimResult, simulate
+from shared.sim.engine import SimResult, policy_context, simulate
 
 POLICIES = ("default", "dqoes", "learned", "oracle")
 
@@ -63,16 +62,8 @@ def skewed_prior(scenario: Scenario, error: float, seed: int) -> PolicyContext:
     """Each model's curve with its work per batch off by a factor of 1 +- `error` (drawn per model)."""
     rng = random.Random(f"prior:{seed}")
     factors = {m: rng.choice((1 - error, 1 + error)) for m in sorted(scenario.profiles)}
-    specs = {c.name: c for c in scenario.containers}
-
-    def curve_of(name: str) -> ModelProfile | None:
-        c = specs.get(name)
-        if c is None:
-            return None
-        p = scenario.profile_of(c)
-        return dataclasses.replace(p, work_cpu_s=p.work_cpu_s * factors[c.model])
-
-    return PolicyContext(curve_of)
+    model = {c.name: c.model for c in scenario.containers}
+    return policy_context(scenario, lambda name: factors[model[name]])
 
 
 def run_all(

@@ -12,7 +12,6 @@ over following latency (above 1: following is faster).
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -22,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from experiments import common
 from experiments.calibrate import ARCHITECTURE, NATIVE_PX, Measurer, parse_limits, parse_models
 from experiments.common import ExperimentError, update_section
 from shared.runtime import cgroupfs
@@ -87,12 +87,7 @@ def gains(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def machine(command: str) -> dict[str, Any]:
-    cpu_model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
+    cpu_model = common.cpu_model()
     return {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count() or 1,
             "cpu_model": cpu_model, "command": command}
 
