@@ -12,12 +12,14 @@ import sys
 from pathlib import Path
 
 from experiments import real, report, threads
+from experiments import training as training_exp
 from experiments.common import update_section
 from services.cli.common import CliError, emit_json, parse_seeds, profiles_from
 from services.cli.progress import Progress
 from shared.core import registry
 from shared.core.profiles import ModelProfile
 from shared.scenarios.builtin import BUILTINS
+from shared.scenarios.training import TRAINING_BUILTINS
 from shared.sim.engine import SimResult
 from shared.timeline import run_file_name
 
@@ -39,8 +41,13 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "containers": len(sc.containers),
                 "duration_s": sc.duration_s,
                 "description": sc.description,
+                "kind": "inference",
             }
         )
+    for name, make in TRAINING_BUILTINS.items():
+        tsc = make(1)
+        rows.append({"name": name, "nodes": len(tsc.workers), "containers": len(tsc.jobs), "duration_s": None,
+                     "description": tsc.description, "kind": "training"})
     if args.json:
         emit_json({"scenarios": rows})
         return 0
@@ -50,7 +57,34 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _training_policy(args: argparse.Namespace, policy: str | None) -> str:
+    name = policy or "flowcon"
+    if name not in registry.names("training"):
+        raise CliError(f"--policy: {args.scenario} is a training scenario; choose from "
+                       f"{', '.join(registry.names('training'))}")
+    return name
+
+
+def _print_training(s: dict) -> None:
+    print(f"scenario {s['scenario']}  policy {s['policy']}  seed {s['seed']}: {s['finished']}/{s['jobs']} jobs finished")
+    print(f"  makespan {s['makespan_s']:.1f} s   mean completion {s['mean_completion_s']:.1f} s   "
+          f"rounds {s['rounds']}  limit changes {s['limit_changes']}")
+    print("  " + "  ".join(f"{j} ({s['profile'][j]} on {s['placement'][j]}): {c:.1f} s"
+                           for j, c in s["completion_s"].items()))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if training_exp.is_training(args.scenario):
+        res = training_exp.run_one(args.scenario, _training_policy(args, args.policy), args.seed, args.out)
+        s = res.summary()
+        if not args.json:
+            _print_training(s)
+        else:
+            emit_json(s)
+        return 0
+    if args.policy is not None and args.policy not in registry.names():
+        raise CliError(f"--policy: {args.policy} governs training jobs; choose from {', '.join(registry.names())}")
+    args.policy = args.policy or "dqoes"
     res = run_one(args.scenario, args.policy, args.seed, args.out, profiles=profiles_from(args.profiles))
     s = res.summary()
     if not args.json:
@@ -74,8 +108,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare_training(args: argparse.Namespace) -> int:
+    policies = [p.strip() for p in (args.policies or "flowcon,default").split(",") if p.strip()]
+    for p in policies:
+        _training_policy(args, p)
+    data = training_exp.compare(args.scenario, args.seed, policies, out=args.out)
+    if args.json:
+        emit_json(data)
+        return 0
+    for s in data["policies"].values():
+        _print_training(s)
+    if "makespan_change_pct" in data:
+        print(f"FlowCon vs default Swarm: makespan {data['makespan_change_pct']:+.1f}%, mean completion "
+              f"{data['mean_completion_change_pct']:+.1f}%, {data['jobs_faster']} jobs faster")
+    return 0
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
-    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    if training_exp.is_training(args.scenario):
+        return cmd_compare_training(args)
+    policies = [p.strip() for p in (args.policies or "dqoes,default").split(",") if p.strip()]
     for p in policies:
         if p not in registry.REGISTRY:
             raise CliError(f"--policies: unknown policy {p!r} (choose from {', '.join(registry.names())})")
@@ -136,6 +188,23 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_training_report(args: argparse.Namespace) -> int:
+    seeds = parse_seeds(args.seeds)
+    names = args.scenarios.split(",") if args.scenarios else list(TRAINING_BUILTINS)
+    for n in names:
+        if n not in TRAINING_BUILTINS:
+            raise CliError(f"--scenarios: unknown training scenario {n!r} (choose from {', '.join(TRAINING_BUILTINS)})")
+    data = training_exp.report_data(names, seeds, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    md = training_exp.render_report(data)
+    if args.update:
+        update_section(Path(args.update), md, training_exp.REPORT_BEGIN, training_exp.REPORT_END)
+    if args.json:
+        emit_json({"report": data})
+    elif not args.update:
+        print(md)
+    return 0
+
+
 def cmd_threads(args: argparse.Namespace) -> int:
     opts = threads.ThreadsOptions(models=args.models, limits=args.limits, pinned=args.pinned,
                                   batch_size=args.batch_size, resolution=args.resolution, batches=args.batches,
@@ -167,7 +236,8 @@ def cmd_real(args: argparse.Namespace) -> int:
     return 0
 
 
-POLICIES_HELP = "policies:\n" + registry.describe()
+POLICIES_HELP = ("policies (inference scenarios):\n" + registry.describe()
+                 + "\npolicies (training scenarios, flowcon-*):\n" + registry.describe("training"))
 
 PROFILES_HELP = ("model profiles (e.g. from `dqoes calibrate --out`) replacing the built-ins of the same names "
                  "(default: $DQOES_PROFILES; a scenario file's own `profiles`/`models` still win)")
@@ -186,7 +256,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       description="Run SCENARIO (a built-in name or a .toml/.json file) under one policy.",
                       epilog=POLICIES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", metavar="SCENARIO")
-    p.add_argument("--policy", choices=registry.names(), default="dqoes", help="allocation policy (below)")
+    p.add_argument("--policy", choices=registry.all_names(), default=None,
+                   help="allocation policy (below; default dqoes, or flowcon for a training scenario)")
     p.add_argument("--seed", type=int, default=1, help="random seed (noise, random objectives)")
     p.add_argument("--out", metavar="DIR", help="write the timeline as JSON lines into DIR")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
@@ -197,7 +268,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = es.add_parser("compare", help="run one scenario under several policies, same seed",
                       epilog=POLICIES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", metavar="SCENARIO")
-    p.add_argument("--policies", default="dqoes,default", help="comma-separated (default: dqoes,default)")
+    p.add_argument("--policies", default=None,
+                   help="comma-separated (default: dqoes,default; flowcon,default for a training scenario)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", metavar="DIR", help="write each run's timeline into DIR")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
@@ -210,6 +282,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--update", metavar="FILE", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
     p.set_defaults(func=cmd_report)
+
+    p = es.add_parser("training-report",
+                      help="FlowCon vs default Swarm on the paper's training experiments over seeds, as Markdown",
+                      description="Run every built-in training scenario (flowcon-*) under FlowCon and default "
+                      "Swarm for each seed in the simulator; makespan and mean completion time next to the paper's.")
+    p.add_argument("--seeds", default="1-5", help="e.g. 1-5 or 1,3,7")
+    p.add_argument("--scenarios", help="comma-separated training built-ins (default: all)")
+    p.add_argument("--update", metavar="FILE", help="replace the generated section of this Markdown file")
+    p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
+    p.set_defaults(func=cmd_training_report)
 
     p = es.add_parser(
         "real", help="DQoES vs default on real inference containers here, with the simulator's forecast",

@@ -120,6 +120,11 @@ class PolicySpec:
     """(params, context) -> a fresh policy for one node."""
     needs_curves: bool = False
     """True: meaningless without every container's latency curve (the oracle)."""
+    kind: str = "inference"
+    """What it governs: "inference" (latency objectives, `decide(NodeView)`) or "training"
+    (evaluation values, `decide(TrainingView)`, shared/core/training.py)."""
+    placement: Callable[..., tuple[str, str]] | None = None
+    """Training policies: (worker reports, pending placements) -> (node, why), run on the manager."""
 
 
 class PolicyBase:

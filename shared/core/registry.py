@@ -18,8 +18,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from shared.core import baselines, dqoes, learned, oracle
+from shared.core import baselines, dqoes, flowcon, learned, oracle, training_baseline
 from shared.core.policy import Policy, PolicyContext, PolicySpec
+from shared.core.training import TrainingPolicy, WorkerReport
 
 SPECS: tuple[PolicySpec, ...] = (
     dqoes.SPEC,
@@ -29,10 +30,59 @@ SPECS: tuple[PolicySpec, ...] = (
 )
 REGISTRY: dict[str, PolicySpec] = {s.name: s for s in SPECS}
 
+TRAINING_SPECS: tuple[PolicySpec, ...] = (
+    flowcon.SPEC,
+    training_baseline.SPEC,
+)
+"""Policies of training jobs (kind "training"): a separate table, so "default" names the
+baseline of each kind (no limits, spread placement) without the two colliding."""
+TRAINING_REGISTRY: dict[str, PolicySpec] = {s.name: s for s in TRAINING_SPECS}
+KINDS = ("inference", "training")
 
-def names() -> tuple[str, ...]:
-    """Registered policy names, in registration order."""
-    return tuple(REGISTRY)
+
+def _table(kind: str) -> dict[str, PolicySpec]:
+    if kind == "inference":
+        return REGISTRY
+    if kind == "training":
+        return TRAINING_REGISTRY
+    raise ValueError(f"unknown policy kind {kind!r} (choose from {', '.join(KINDS)})")
+
+
+def names(kind: str = "inference") -> tuple[str, ...]:
+    """Registered policy names of one kind, in registration order."""
+    return tuple(_table(kind))
+
+
+def all_names() -> tuple[str, ...]:
+    """Every policy name of every kind, once each (for --policy choices)."""
+    return tuple(dict.fromkeys([*REGISTRY, *TRAINING_REGISTRY]))
+
+
+def training_spec(name: str) -> PolicySpec:
+    """The registered training policy `name`; ValueError listing the choices if there is none."""
+    try:
+        return TRAINING_REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown training policy {name!r} (choose from {', '.join(TRAINING_REGISTRY)})") from None
+
+
+def build_training(name: str, settings: Mapping[str, Any] | None = None) -> TrainingPolicy:
+    """A fresh training policy for one node; settings it lacks fields for are ignored."""
+    s = training_spec(name)
+    known = {f.name for f in dataclasses.fields(s.params_type)}
+    try:
+        params = s.params_type(**{k: v for k, v in (settings or {}).items() if k in known})
+    except TypeError as e:
+        raise ValueError(f"{name}: {e}") from None
+    return s.factory(params, PolicyContext())
+
+
+def place_training(name: str, reports: Mapping[str, WorkerReport],
+                   pending: Mapping[str, int] | None = None) -> tuple[str, str]:
+    """Where training policy `name` puts a new job: (node, why). ValueError with no workers."""
+    s = training_spec(name)
+    assert s.placement is not None
+    return s.placement(reports, pending)
 
 
 def spec(name: str) -> PolicySpec:
@@ -68,7 +118,8 @@ def label(name: str) -> str:
     return s.label if s is not None else name
 
 
-def describe() -> str:
-    """One line per policy, for --help."""
-    width = max(len(n) for n in REGISTRY)
-    return "\n".join(f"  {s.name:<{width}}  {s.summary}" for s in SPECS)
+def describe(kind: str = "inference") -> str:
+    """One line per policy of a kind, for --help."""
+    specs = _table(kind).values()
+    width = max(len(s.name) for s in specs)
+    return "\n".join(f"  {s.name:<{width}}  {s.summary}" for s in specs)

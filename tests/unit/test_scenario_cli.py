@@ -12,6 +12,7 @@ import pytest
 
 from services.cli.main import main
 from shared.scenarios.builtin import BUILTINS
+from shared.scenarios.training import TRAINING_BUILTINS
 from shared.scenarios.spec import ScenarioError, load_scenario_file, parse_scenario
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,8 +100,10 @@ def test_run_json_last_line(capsys, tmp_path):
 
 def test_compare_and_list_json(capsys):
     assert main(["experiment", "list", "--json"]) == 0
-    names = [s["name"] for s in json.loads(capsys.readouterr().out.strip().splitlines()[-1])["scenarios"]]
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["scenarios"]
+    names = [s["name"] for s in rows if s["kind"] == "inference"]
     assert names == list(BUILTINS) and "paper-cluster-40" in names and "random-cluster-40" in names
+    assert [s["name"] for s in rows if s["kind"] == "training"] == list(TRAINING_BUILTINS)
     assert main(["experiment", "compare", "paper-identical-achievable", "--json"]) == 0
     obj = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert obj["policies"]["dqoes"]["satisfied_final"] == 10
