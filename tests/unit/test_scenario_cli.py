@@ -12,8 +12,8 @@ import pytest
 
 from services.cli.main import main
 from shared.scenarios.builtin import BUILTINS
-from shared.scenarios.training import TRAINING_BUILTINS
 from shared.scenarios.spec import ScenarioError, load_scenario_file, parse_scenario
+from shared.scenarios.training import TRAINING_BUILTINS
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "docs" / "examples" / "two-nodes.toml"
