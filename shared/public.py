@@ -7,6 +7,10 @@ because there a typo ("objetive") must not be silently ignored; replies are
 `{"ok": true, ...}` or `{"ok": false, "error": "<reason>"}`; the cluster
 summary is JSON so that `nats sub dqoes.cluster.state` is readable.
 
+The objective lifecycle (`dqoes.targets.get|list|clear`) and the container
+view (`dqoes.cluster.containers`) are small request/reply exchanges in the
+same style: requests with unknown fields are refused, replies carry "ok".
+
 Requests are parsed strictly and never raise anything but `SchemaError`
 with a one-line reason a person can act on. Shapes: docs/api.md.
 """
@@ -24,12 +28,15 @@ import orjson
 from shared.schema import SCHEMA_VERSION
 from shared.validation import (
     FINITE,
+    FRACTION,
+    NONNEG,
     OPEN_FRACTION,
     POSITIVE,
     UNIX_S,
     Checked,
     Invalid,
     SchemaError,
+    boolean,
     build,
     checked,
     ident,
@@ -258,3 +265,143 @@ def parse_target_reply(data: bytes) -> dict[str, Any]:
     if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
         raise SchemaError('reply: must be a JSON object with a boolean "ok"')
     return obj
+
+
+# --- the objective lifecycle (dqoes.targets.get|list|clear) and the container view -------
+
+
+def _parse_object(payload: Any, allowed: tuple[str, ...], what: str) -> dict[str, Any]:
+    """A small public request: empty, or a JSON object / msgpack map with only `allowed` keys."""
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        raise SchemaError(f"payload must be bytes, got {type(payload).__name__}")
+    if len(payload) > MAX_TARGET_BYTES:
+        raise SchemaError(f"payload is {len(payload)} bytes; at most {MAX_TARGET_BYTES} are accepted")
+    data = bytes(payload)
+    if not data.strip():
+        return {}
+    obj = _load_map(data)
+    if not isinstance(obj, dict):
+        raise SchemaError(f"{what}: payload must be a JSON object or msgpack map, got {type(obj).__name__}")
+    unknown = [k for k in obj if k not in allowed]
+    if unknown:
+        names = ", ".join(allowed) or "none"
+        raise SchemaError(f"{what}: unknown field {show(unknown[0])} (allowed: {names})")
+    return obj
+
+
+def parse_container_request(payload: bytes | bytearray | memoryview, what: str = "request") -> str:
+    """`{"container": "<name>"}` (get and clear): the container name; SchemaError if bad."""
+    try:
+        obj = _parse_object(payload, ("container",), what)
+        if "container" not in obj:
+            raise SchemaError(f'{what}: missing field \'container\'; expected {{"container": "<name>"}}')
+        try:
+            return ident(obj["container"])
+        except Invalid as e:
+            raise SchemaError(f"container: {e.problem}") from None
+    except SchemaError:
+        raise
+    except Exception as e:  # a safety net: the contract is "only SchemaError"
+        raise SchemaError(f"{what}: undecodable (internal error: {e!r})") from None
+
+
+def parse_empty_request(payload: bytes | bytearray | memoryview, what: str = "list") -> None:
+    """Empty, `{}` or `null`: a request that takes no arguments; SchemaError otherwise."""
+    if isinstance(payload, bytes | bytearray | memoryview) and bytes(payload).strip() == b"null":
+        return
+    try:
+        _parse_object(payload, (), what)
+    except SchemaError:
+        raise
+    except Exception as e:
+        raise SchemaError(f"{what}: undecodable (internal error: {e!r})") from None
+
+
+def parse_node_filter(payload: bytes | bytearray | memoryview) -> str | None:
+    """Empty, `{}` or `{"node": "<name>"}` (the containers query): the node or None."""
+    if isinstance(payload, bytes | bytearray | memoryview) and bytes(payload).strip() == b"null":
+        return None
+    try:
+        obj = _parse_object(payload, ("node",), "containers")
+        if obj.get("node") is None:
+            return None
+        try:
+            return ident(obj["node"])
+        except Invalid as e:
+            raise SchemaError(f"node: {e.problem}") from None
+    except SchemaError:
+        raise
+    except Exception as e:
+        raise SchemaError(f"containers: undecodable (internal error: {e!r})") from None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredTarget(Checked):
+    """One stored objective as `dqoes.targets.get` and `.list` return it."""
+
+    NAME: ClassVar[str] = "stored_target"
+
+    container: str = checked(ident)
+    objective_s: float = checked(POSITIVE)
+    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
+    revision: int = checked(integer(0))
+    set_at: float = checked(UNIX_S)
+    node: str | None = checked(optional(ident), default=None)
+    """The node hosting the container now (None: no live worker reports it)."""
+    running: bool = checked(boolean, default=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ContainerInfo(Checked):
+    """One container in the public view (`dqoes.cluster.containers`), as its worker last reported it.
+
+    Units: `*_s` seconds per batch, `*_cores` CPU cores, `*_at` unix seconds.
+    `met`: at or under (1 + alpha) x the objective (classes G and S);
+    `in_band`: within the band (class S, what the paper counts as satisfied).
+    Both are None for an unmanaged container or one with no batch yet.
+    """
+
+    NAME: ClassVar[str] = "container_info"
+
+    node: str = checked(ident)
+    container: str = checked(ident)
+    model: str | None = checked(optional(text), default=None)
+    managed: bool = checked(boolean, default=False)
+    objective_s: float | None = checked(optional(POSITIVE), default=None)
+    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
+    latency_s: float | None = checked(optional(POSITIVE), default=None)
+    met: bool | None = checked(optional(boolean), default=None)
+    in_band: bool | None = checked(optional(boolean), default=None)
+    cls: str | None = checked(optional(text), default=None)
+    """G (faster than the band), S (in it), B (slower), or None (pending or unmanaged)."""
+    cpu_limit_cores: float | None = checked(optional(POSITIVE), default=None)
+    """None: no limit."""
+    cpu_used_cores: float | None = checked(optional(NONNEG), default=None)
+    throttled_ratio: float | None = checked(optional(FRACTION), default=None)
+    """Share of CFS periods in which it was throttled since the previous round; None: not measured."""
+    last_batch_at: float | None = checked(optional(UNIX_S), default=None)
+    seen_at: float = checked(UNIX_S)
+    """When its worker last reported it (the node state's time)."""
+
+
+def containers_reply(rows: list[ContainerInfo], at: float) -> bytes:
+    """`{"ok": true, "at": ..., "containers": [...]}` (sorted by node, then container)."""
+    body = sorted((to_wire(r) for r in rows), key=lambda r: (r["node"], r["container"]))
+    return orjson.dumps({"ok": True, "at": at, "containers": body})
+
+
+def parse_containers_reply(data: bytes) -> list[ContainerInfo]:
+    """A client's view of the containers reply; SchemaError if it is not one (or not ok)."""
+    obj = parse_target_reply(data)
+    if not obj["ok"]:
+        raise SchemaError(f"containers: {obj.get('error', 'refused')}")
+    rows = obj.get("containers")
+    if not isinstance(rows, list):
+        raise SchemaError('containers: reply has no "containers" list')
+    out = []
+    for i, row in enumerate(rows):
+        try:
+            out.append(build(ContainerInfo, row) if isinstance(row, dict) else nested(ContainerInfo)(row))
+        except Invalid as e:
+            raise schema_error("containers", f"[{i}]{e.sub}", e.problem) from None
+    return out

@@ -24,8 +24,12 @@ Versions: 1 named a container's objective-minus-latency `q_s` and the class
 sums `q_g_s`/`q_b_s`; 2 names them `slack_s` and `slack_sum_g_s`/
 `slack_sum_s_s`/`slack_sum_b_s` (a reader could not tell `q_s`, one
 container's gap, from `q_s_s`, the sum over S) and adds `slack_sum_s_s` to
-the node state. Golden-bytes fixtures in tests/fixtures/golden/ pin the wire
-format (v1 fixtures are kept and must still decode).
+the node state; 3 adds what an operator reads (a container's `met`,
+`throttled_ratio`, `cpu_cores_used`, `last_batch_at`; a node's `met`,
+`cpu_cores_used`, `cpu_cores_idle`), a policy's own parameters by name in
+`control.params`, and the worker's `control_reply` (all new fields optional,
+so v2 bytes decode unchanged). Golden-bytes fixtures in tests/fixtures/golden/
+pin the wire format (v1 and v2 fixtures are kept and must still decode).
 
 The public JSON a client speaks (target requests, the cluster summary) is in
 `shared.public`.
@@ -45,6 +49,7 @@ import msgpack
 from shared.core.types import Cls, Decision
 from shared.validation import (
     FINITE,
+    FRACTION,
     IDS,
     NONNEG,
     OPEN_FRACTION,
@@ -69,7 +74,7 @@ from shared.validation import (
     tuple_of,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """Version written into every message's `v`; bump when a field changes name or meaning."""
 
 ENVELOPE_KEYS = ("type", "v", "ts", "sender")
@@ -216,6 +221,14 @@ class ContainerState(Checked):
     limit: float | None = checked(optional(POSITIVE), default=None)
     cpu_share: float | None = checked(optional(NONNEG), default=None)
     managed: bool = checked(boolean, default=True)
+    met: bool | None = checked(optional(boolean), default=None)
+    """v3: latency at or under (1 + alpha) x the objective (G or S); None: unmanaged or no batch yet."""
+    cpu_cores_used: float | None = checked(optional(NONNEG), default=None)
+    """v3: CPU used over the last round, in cores (cpu_share x the node's cores)."""
+    throttled_ratio: float | None = checked(optional(FRACTION), default=None)
+    """v3: share of CFS periods throttled since the previous reading (cpu.stat); None: not measured."""
+    last_batch_at: float | None = checked(optional(UNIX_S), default=None)
+    """v3: when the worker last heard a batch from it (unix s); None: never."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,6 +260,12 @@ class NodeState(Checked):
     params: dict[str, float] = checked(float_map, factory=dict)
     slack_sum_s_s: float | None = checked(optional(FINITE), default=None)
     """Q_S: the sum of slack over S (v2; computed from `containers` when a v1 sender left it out)."""
+    met: int | None = checked(optional(integer(0)), default=None)
+    """v3: containers meeting their objective (G and S); None from older senders."""
+    cpu_cores_used: float | None = checked(optional(NONNEG), default=None)
+    """v3: CPU the containers used over the last round, in cores."""
+    cpu_cores_idle: float | None = checked(optional(NONNEG), default=None)
+    """v3: the node's cores its containers left unused over the last round."""
 
     def _cross_check(self) -> None:
         if self.slack_sum_s_s is None:
@@ -280,7 +299,13 @@ class ObjectiveAssign(Checked):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ControlMsg(Checked):
-    """Operator -> worker: change policy parameters at runtime; None leaves one unchanged."""
+    """Operator -> worker: change policy parameters at runtime; None leaves one unchanged.
+
+    `params` (v3) names any parameter of the policy in force (its parameters
+    dataclass in `shared/core`), e.g. {"dead_band": 0.05}; the worker checks
+    the names and values against the policy and answers a request with a
+    `ControlReply`. A message with nothing to change is a read.
+    """
 
     TYPE: ClassVar[str] = "control"
     NAME: ClassVar[str] = "control"
@@ -289,6 +314,14 @@ class ControlMsg(Checked):
     beta: float | None = checked(optional(OPEN_FRACTION), default=None)
     initial_interval_s: float | None = checked(optional(POSITIVE), default=None)
     max_interval_s: float | None = checked(optional(POSITIVE), default=None)
+    params: dict[str, float] = checked(float_map, factory=dict)
+
+    def asked(self) -> dict[str, float]:
+        """Every parameter this message sets, by name (the named fields, then `params`)."""
+        named = {k: v for k, v in (("alpha", self.alpha), ("beta", self.beta),
+                                   ("initial_interval_s", self.initial_interval_s),
+                                   ("max_interval_s", self.max_interval_s)) if v is not None}
+        return named | dict(self.params)
 
     def _cross_check(self) -> None:
         lo, hi = self.initial_interval_s, self.max_interval_s
@@ -296,9 +329,28 @@ class ControlMsg(Checked):
             raise Invalid(f"must be >= initial_interval_s ({lo:g}), got {hi:g}", ".max_interval_s")
 
 
-Message = LatencyEvent | DecisionMsg | NodeState | ObjectiveAssign | ControlMsg
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ControlReply(Checked):
+    """Worker -> operator (v3): the answer to a `ControlMsg` request.
+
+    `ok` False: nothing changed and `error` says why; either way `params` are
+    the parameters in force afterwards and `policy` the policy holding them.
+    """
+
+    TYPE: ClassVar[str] = "control_reply"
+    NAME: ClassVar[str] = "control_reply"
+
+    node: str = checked(ident)
+    policy: str = checked(text)
+    ok: bool = checked(boolean)
+    error: str = checked(text, default="")
+    params: dict[str, float] = checked(float_map, factory=dict)
+    changed: tuple[str, ...] = checked(tuple_of(text), default=())
+
+
+Message = LatencyEvent | DecisionMsg | NodeState | ObjectiveAssign | ControlMsg | ControlReply
 MESSAGE_TYPES: dict[str, type[Any]] = {
-    cls.TYPE: cls for cls in (LatencyEvent, DecisionMsg, NodeState, ObjectiveAssign, ControlMsg)
+    cls.TYPE: cls for cls in (LatencyEvent, DecisionMsg, NodeState, ObjectiveAssign, ControlMsg, ControlReply)
 }
 M = TypeVar("M")
 

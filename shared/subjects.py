@@ -37,6 +37,21 @@ CLUSTER_STATE = f"{PREFIX}.cluster.state"
 CLUSTER_QUERY = f"{PREFIX}.cluster.query"
 """Public: request/reply; the manager answers with the cluster summary (JSON)."""
 
+TARGETS_GET = f"{PREFIX}.targets.get"
+"""Public: request {"container": name}; the manager replies with its stored objective (JSON)."""
+
+TARGETS_LIST = f"{PREFIX}.targets.list"
+"""Public: request (empty or {}); the manager replies with every stored objective (JSON)."""
+
+TARGETS_CLEAR = f"{PREFIX}.targets.clear"
+"""Public: request {"container": name}; the manager deletes its objective and replies (JSON)."""
+
+TARGETS_ALL = f"{PREFIX}.targets.>"
+"""The three objective-lifecycle subjects above (permissions, not `dqoes.targets` itself)."""
+
+CLUSTER_CONTAINERS = f"{PREFIX}.cluster.containers"
+"""Public: request (empty, or {"node": name}); the manager replies with every container (JSON)."""
+
 LATENCY_ALL = f"{PREFIX}.latency.>"
 """Every latency event of every node (dashboards, recorders)."""
 
@@ -120,7 +135,7 @@ def objectives(node: str) -> str:
 
 
 def control(node: str) -> str:
-    """Operator -> worker: parameter changes (`ControlMsg`, msgpack)."""
+    """Operator -> worker: parameter reads and changes (`ControlMsg` request, `ControlReply`, msgpack)."""
     return f"{PREFIX}.control.{token(node, 'node')}"
 
 
@@ -128,15 +143,18 @@ def parse(subject: str) -> tuple[str, tuple[str, ...]]:
     """Split one of our concrete subjects into (kind, ids), ids decoded.
 
     `parse("dqoes.latency.n1.web~1") == ("latency", ("n1", "web.1"))`;
-    `parse("dqoes.targets") == ("targets", ())`. ValueError for anything else.
+    `parse("dqoes.targets") == ("targets", ())`, `parse("dqoes.targets.get") ==
+    ("targets.get", ())`. ValueError for anything else.
     """
     parts = subject.split(".") if isinstance(subject, str) else []
     if len(parts) < 2 or parts[0] != PREFIX:
         raise ValueError(f"not a {PREFIX} subject: {_show(subject)}")
     kind, rest = parts[1], parts[2:]
     expected = {"latency": 2, "targets": 0, **{k: 1 for k in _KINDS_WITH_NODE}}
-    if kind == "cluster" and rest in (["state"], ["query"]):
+    if kind == "cluster" and rest in (["state"], ["query"], ["containers"]):
         return f"cluster.{rest[0]}", ()
+    if kind == "targets" and rest in (["get"], ["list"], ["clear"]):
+        return f"targets.{rest[0]}", ()
     if kind not in expected or len(rest) != expected[kind]:
         raise ValueError(f"not a {PREFIX} subject: {_show(subject)}")
     return kind, tuple(untoken(t) for t in rest)

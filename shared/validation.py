@@ -160,6 +160,7 @@ NONNEG = number("a finite number >= 0", lambda x: x >= 0)
 FINITE = number("a finite number", lambda x: True)
 UNIX_S = number("a unix time in seconds (finite, >= 0)", lambda x: x >= 0)
 OPEN_FRACTION = number("a number in (0, 1)", lambda x: 0 < x < 1)
+FRACTION = number("a number in [0, 1]", lambda x: 0 <= x <= 1)
 IDS = tuple_of(ident)
 
 

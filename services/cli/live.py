@@ -1,12 +1,10 @@
-"""`dqoes up | status | target | watch`: run a deployment and talk to a running one.
+"""`dqoes up`: run a whole deployment on this machine (talking to one is `services.cli.operate`).
 
 `dqoes up` starts a private nats-server (JetStream), the manager and one
 worker per node of a scenario, and the web dashboard following them
 (`dashboard.launch`; --no-dashboard leaves it out), prints how to reach them
-and stops everything cleanly on Ctrl-C. The other commands speak the public contract only
-(`dqoes.targets`, `dqoes.cluster.*`), so they work against any deployment:
-`dqoes up`, compose or Swarm. The NATS URL comes from --nats, else
-$DQOES_NATS_URL, else the last `dqoes up` on this machine, else localhost.
+and stops everything cleanly on Ctrl-C. It records where its NATS server
+is, so `dqoes status`, `target` and `control` find it without --nats.
 """
 
 from __future__ import annotations
@@ -27,16 +25,14 @@ import orjson
 
 from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR
-from services.cli.common import CliError, connect, emit_json, resolve_url, state_dir
+from services.cli.common import CliError, connect, emit_json, state_dir
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
 from shared.aio import wait_event
-from shared.bus import NoResponders, RequestTimeout
 from shared.core import registry
 from shared.core.measures import plateau
-from shared.public import ClusterState, TargetRequest, parse_target_reply
 from shared.scenarios.builtin import load
-from shared.schema import NodeState, SchemaError
+from shared.schema import NodeState
 
 # -- observing a running stack -------------------------------------------------------
 
@@ -240,116 +236,6 @@ def _write_state(stacks: list[Stack]) -> None:
     }))
 
 
-async def _status(url: str) -> ClusterState:
-    bus = await connect(url, "dqoes-status")
-    try:
-        data = await bus.request(subjects.CLUSTER_QUERY, b"", timeout_s=3.0)
-    except (NoResponders, RequestTimeout):
-        raise CliError(f"no manager answers on {url} ({subjects.CLUSTER_QUERY})") from None
-    finally:
-        await bus.close()
-    try:
-        return ClusterState.from_json(data)
-    except SchemaError as e:
-        raise CliError(f"unreadable cluster state: {e}") from None
-
-
-def print_cluster(cs: ClusterState) -> None:
-    print(f"{'node':<14}{'policy':<9}{'satisfied':>10}{'G':>4}{'S':>4}{'B':>4}{'pend':>6}"
-          f"{'Q_G (s)':>10}{'Q_B (s)':>10}{'interval':>10}")
-    for name, n in cs.nodes.items():
-        print(f"{name:<14}{n.policy:<9}{n.satisfied:>10}{n.G:>4}{n.S:>4}{n.B:>4}{n.pending:>6}"
-              f"{n.slack_sum_g_s:>10.1f}{n.slack_sum_b_s:>10.1f}{n.interval_s:>9.0f}s")
-    print(f"{'total':<23}{cs.satisfied_total:>10}{cs.G:>4}{cs.S:>4}{cs.B:>4}{cs.pending:>6}"
-          f"{cs.slack_sum_g_s:>10.1f}{cs.slack_sum_b_s:>10.1f}   ({cs.containers_total} containers)")
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    cs = asyncio.run(_status(resolve_url(args.nats)))
-    if args.json:
-        emit_json(orjson.loads(cs.to_json()))
-    else:
-        print_cluster(cs)
-    return 0
-
-
-def cmd_target_set(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"container": args.container, "objective": args.seconds}
-    if args.alpha is not None:
-        body["alpha"] = args.alpha
-    try:  # the same checks the manager makes, before anything is sent
-        TargetRequest(container=args.container, objective_s=args.seconds, alpha=args.alpha)
-    except SchemaError as e:
-        raise CliError(str(e)) from None
-
-    async def go() -> dict[str, Any]:
-        bus = await connect(resolve_url(args.nats), "dqoes-target")
-        try:
-            data = await bus.request(subjects.TARGETS, orjson.dumps(body), timeout_s=3.0)
-        except (NoResponders, RequestTimeout):
-            raise CliError(f"no manager answers on {subjects.TARGETS}") from None
-        finally:
-            await bus.close()
-        try:
-            return parse_target_reply(data)
-        except SchemaError as e:
-            raise CliError(str(e)) from None
-
-    reply = asyncio.run(go())
-    if args.json:
-        emit_json(reply)
-    elif reply["ok"]:
-        where = reply.get("node") or "no node yet"
-        state = "running" if reply.get("running") else "expected"
-        print(f"objective for {reply['container']}: {reply['objective_s']:g} s a batch "
-              f"({state} on {where}, revision {reply.get('revision')})")
-    else:
-        print(f"refused: {reply['error']}", file=sys.stderr)
-    return 0 if reply["ok"] else 1
-
-
-def cmd_watch(args: argparse.Namespace) -> int:
-    async def go() -> None:
-        bus = await connect(resolve_url(args.nats), "dqoes-watch")
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-        last = [0.0]
-
-        def on_cluster(inc: Any) -> None:
-            if inc.reply or not inc.data:
-                return
-            try:
-                cs = ClusterState.from_json(inc.data)
-            except SchemaError:
-                return
-            if time.monotonic() - last[0] < args.every:
-                return
-            last[0] = time.monotonic()
-            if args.json:
-                emit_json(orjson.loads(cs.to_json()))
-            else:
-                per = "  ".join(f"{k}: {v.satisfied}/{v.containers}" for k, v in cs.nodes.items())
-                print(f"{time.strftime('%H:%M:%S')}  satisfied {cs.satisfied_total:>3} of {cs.containers_total:<3} "
-                      f"G {cs.G:<3} S {cs.S:<3} B {cs.B:<3}  {per}", flush=True)
-
-        await bus.subscribe_raw(subjects.CLUSTER_STATE, on_cluster)
-        try:
-            if args.count:
-                t_end = time.monotonic() + args.count * max(args.every, 0.5) + 5
-                while not stop.is_set() and time.monotonic() < t_end:
-                    await asyncio.sleep(0.1)
-            else:
-                await stop.wait()
-        finally:
-            await bus.close()
-
-    asyncio.run(go())
-    return 0
-
-
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run a whole deployment here (private NATS, manager, workers)",
                        description="Start a private nats-server with JetStream, the manager and one worker per "
@@ -375,26 +261,3 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--runs", metavar="DIR",
                    help=f"folder of timeline files the dashboard lists (default: ./{DEFAULT_RUNS_DIR})")
     p.set_defaults(func=cmd_up)
-
-    p = sub.add_parser("status", help="the cluster summary (satisfied per node, G/S/B, Q values)")
-    p.add_argument("--nats", help="NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)")
-    p.add_argument("--json", action="store_true", help="print the cluster state JSON")
-    p.set_defaults(func=cmd_status)
-
-    t = sub.add_parser("target", help="set a container's objective").add_subparsers(dest="action", required=True,
-                                                                                   metavar="ACTION")
-    p = t.add_parser("set", help="set CONTAINER's objective to SECONDS per batch",
-                     description="Send {container, objective[, alpha]} to dqoes.targets and print the reply.")
-    p.add_argument("container")
-    p.add_argument("seconds", type=float)
-    p.add_argument("--alpha", type=float, help="this container's tolerance band (0 < alpha < 1)")
-    p.add_argument("--nats", help="NATS URL")
-    p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
-    p.set_defaults(func=cmd_target_set)
-
-    p = sub.add_parser("watch", help="follow the cluster summary live")
-    p.add_argument("--nats", help="NATS URL")
-    p.add_argument("--every", type=float, default=1.0, help="at most one line per N seconds")
-    p.add_argument("--count", type=int, default=0, help="stop after about N lines (0: until Ctrl-C)")
-    p.add_argument("--json", action="store_true", help="one cluster state JSON object per line")
-    p.set_defaults(func=cmd_watch)

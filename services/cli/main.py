@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from experiments.common import ExperimentError
-from services.cli import calibrate, experiment, live
+from services.cli import calibrate, experiment, live, operate
 from services.cli import dashboard as dashboard_cli
 from services.cli.common import CliError
 from shared.scenarios.spec import ScenarioError
@@ -25,6 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     experiment.add_parser(sub)
     live.add_parsers(sub)
+    operate.add_parsers(sub)
     dashboard_cli.add_parsers(sub)
     calibrate.add_parsers(sub)
     return parser

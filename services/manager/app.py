@@ -42,6 +42,9 @@ class KVStore:
     async def put(self, key: str, value: bytes) -> int:
         return await self.kv.put(key, value)
 
+    async def delete(self, key: str) -> None:
+        await self.kv.delete(key)
+
 
 async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> int:
     try:
@@ -73,8 +76,28 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
         if inc.reply:
             await bus.reply(inc, mgr.cluster_state().to_json())
 
+    async def on_get(inc: Incoming) -> None:
+        if inc.reply:
+            await bus.reply(inc, mgr.on_get(inc.data))
+
+    async def on_list(inc: Incoming) -> None:
+        if inc.reply:
+            await bus.reply(inc, mgr.on_list(inc.data))
+
+    async def on_clear(inc: Incoming) -> None:
+        reply = await mgr.on_clear(inc.data)
+        await bus.reply(inc, reply)
+
+    async def on_containers(inc: Incoming) -> None:
+        if inc.reply:
+            await bus.reply(inc, mgr.on_containers(inc.data))
+
     await bus.subscribe(subjects.STATE_ALL, on_state, expect=NodeState)
     await bus.subscribe_raw(subjects.TARGETS, on_target)
+    await bus.subscribe_raw(subjects.TARGETS_GET, on_get)
+    await bus.subscribe_raw(subjects.TARGETS_LIST, on_list)
+    await bus.subscribe_raw(subjects.TARGETS_CLEAR, on_clear)
+    await bus.subscribe_raw(subjects.CLUSTER_CONTAINERS, on_containers)
     await bus.subscribe_raw(subjects.CLUSTER_QUERY, on_query)
     await bus.subscribe_raw(subjects.CLUSTER_STATE, on_query)
     log.info("manager on %s: %d objective(s) stored in bucket %s", cfg.nats_url, len(mgr.objectives), cfg.bucket)

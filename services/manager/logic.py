@@ -23,10 +23,17 @@ from typing import Protocol
 import orjson
 
 from shared import subjects
+from shared.core.types import Cls
 from shared.public import (
     ClusterState,
+    ContainerInfo,
     NodeSummary,
+    StoredTarget,
     TargetRequest,
+    containers_reply,
+    parse_container_request,
+    parse_empty_request,
+    parse_node_filter,
     parse_target,
     target_reply_error,
     target_reply_ok,
@@ -46,6 +53,9 @@ class Store(Protocol):
 
     async def put(self, key: str, value: bytes) -> int:
         """Store a value; its new revision."""
+
+    async def delete(self, key: str) -> None:
+        """Delete a key (raises if the store cannot be written)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +104,7 @@ class Manager:
         self._sent: dict[str, tuple[str, int, float]] = {}
         self.accepted = 0
         self.rejected = 0
+        self.cleared = 0
 
     async def load(self) -> int:
         """Read every stored objective (at start). Returns how many."""
@@ -186,10 +197,111 @@ class Manager:
         log.info("objective %g s for %s stored (revision %d)", o.objective_s, o.container, rev)
         return o, node, running
 
+    # -- the objective lifecycle: get, list, clear --------------------------------
+
+    def stored(self, o: Objective) -> StoredTarget:
+        node, running = self.locate(o.container)
+        return StoredTarget(container=o.container, objective_s=o.objective_s, alpha=o.alpha,
+                            revision=o.revision, set_at=o.set_at, node=node, running=running)
+
+    def on_get(self, payload: bytes) -> bytes:
+        """`dqoes.targets.get`: {"ok": true, "target": {...}}, or ok false for no objective."""
+        try:
+            name = parse_container_request(payload, "get")
+        except SchemaError as e:
+            return target_reply_error(str(e))
+        o = self.objectives.get(name)
+        if o is None:
+            return target_reply_error(f"no objective stored for {name!r}")
+        return orjson.dumps({"ok": True, "target": to_json_obj(self.stored(o))})
+
+    def on_list(self, payload: bytes) -> bytes:
+        """`dqoes.targets.list`: {"ok": true, "targets": [...]} sorted by container."""
+        try:
+            parse_empty_request(payload, "list")
+        except SchemaError as e:
+            return target_reply_error(str(e))
+        rows = [to_json_obj(self.stored(self.objectives[k])) for k in sorted(self.objectives)]
+        return orjson.dumps({"ok": True, "targets": rows})
+
+    async def on_clear(self, payload: bytes) -> bytes:
+        """`dqoes.targets.clear`: delete the stored objective, tell the worker; the JSON reply.
+
+        The container becomes unmanaged (or falls back to its own
+        `dqoes.objective_s` label): its worker stops controlling it and
+        releases its CPU limit. Deleted from the store before it is
+        acknowledged, like a set.
+        """
+        try:
+            name = parse_container_request(payload, "clear")
+        except SchemaError as e:
+            self.rejected += 1
+            return target_reply_error(str(e))
+        o = self.objectives.get(name)
+        if o is None:
+            self.rejected += 1
+            return target_reply_error(f"no objective stored for {name!r}")
+        try:
+            await self.store.delete(subjects.kv_key(name))
+        except Exception as e:
+            self.rejected += 1
+            return target_reply_error(f"could not delete the objective: {e}")
+        del self.objectives[name]
+        self._sent.pop(name, None)
+        node, running = self.locate(name)
+        # Any later put gets a higher KV revision than the delete marker, so
+        # revision + 1 orders this clear between the old and the next objective.
+        revision = o.revision + 1
+        if node is not None:
+            await self.send(subjects.objectives(node),
+                            ObjectiveAssign(container=name, objective_s=None, alpha=None, revision=revision))
+        self.cleared += 1
+        log.info("objective for %s cleared (was %g s)", name, o.objective_s)
+        return target_reply_ok(container=name, cleared=True, previous_objective_s=o.objective_s,
+                               node=node, running=running)
+
     # -- the cluster view -------------------------------------------------------
 
     def cluster_state(self) -> ClusterState:
         return aggregate(self.live_states(), self.wall())
+
+    def container_rows(self, node: str | None = None) -> list[ContainerInfo]:
+        return container_rows(s for s in self.live_states() if node is None or s.node == node)
+
+    def on_containers(self, payload: bytes) -> bytes:
+        """`dqoes.cluster.containers`: every container of every live node (or of one)."""
+        try:
+            node = parse_node_filter(payload)
+        except SchemaError as e:
+            return target_reply_error(str(e))
+        return containers_reply(self.container_rows(node), self.wall())
+
+
+def to_json_obj(row: StoredTarget | ContainerInfo) -> dict[str, object]:
+    return {f: getattr(row, f) for f in row.__dataclass_fields__}
+
+
+def container_rows(node_states: Iterable[NodeState]) -> list[ContainerInfo]:
+    """The public per-container view of node states (pure; the dashboard shows the same)."""
+    rows = []
+    for ns in node_states:
+        for c in ns.containers:
+            managed = c.managed and c.objective_s is not None
+            cls = c.cls if managed else None
+            met = c.met if c.met is not None else (None if cls is None else cls in (Cls.G, Cls.S))
+            used = c.cpu_cores_used
+            if used is None and c.cpu_share is not None:
+                used = c.cpu_share * ns.cores
+            rows.append(ContainerInfo(
+                node=ns.node, container=c.container, model=c.model, managed=managed,
+                objective_s=c.objective_s, alpha=c.alpha, latency_s=c.latency_s,
+                met=met if managed else None, in_band=None if cls is None else cls is Cls.S,
+                cls=None if cls is None else cls.value,
+                cpu_limit_cores=None if c.limit is None else c.limit * ns.cores,
+                cpu_used_cores=used, throttled_ratio=c.throttled_ratio,
+                last_batch_at=c.last_batch_at, seen_at=ns.at,
+            ))
+    return rows
 
 
 def aggregate(node_states: Iterable[NodeState], at: float) -> ClusterState:

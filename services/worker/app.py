@@ -15,7 +15,7 @@ from typing import Any
 
 from services.worker.logic import Worker
 from shared import subjects
-from shared.bus import Bus, BusError
+from shared.bus import Bus, BusError, Incoming
 from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.dqoes import DQoESParams
@@ -131,7 +131,10 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         raise ConfigError(f"runtime {cfg.runtime}: {e}") from None
     await bus.subscribe(subjects.latency_of_node(cfg.node), lambda m, _: worker.on_latency(m), expect=LatencyEvent)
     await bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m), expect=ObjectiveAssign)
-    await bus.subscribe(subjects.control(cfg.node), lambda m, _: worker.on_control(m), expect=ControlMsg)
+    async def on_control(msg: ControlMsg, inc: Incoming) -> None:
+        await bus.reply(inc, worker.on_control(msg))
+
+    await bus.subscribe(subjects.control(cfg.node), on_control, expect=ControlMsg)
     log.info("worker for node %s: policy %s, runtime %s, %g cores, NATS %s",
              cfg.node, policy.name, cfg.runtime, ctrl.cores, cfg.nats_url)
     return WorkerApp(cfg, bus, runtime, worker, scenario)

@@ -20,10 +20,11 @@ from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController
 from shared.core.types import Cls, Decision
-from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure
+from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
 from shared.schema import (
     ContainerState,
     ControlMsg,
+    ControlReply,
     DecisionMsg,
     LatencyEvent,
     Message,
@@ -64,6 +65,13 @@ class Worker:
         self.rounds = 0
         self.latencies = 0
         self.ignored_latencies = 0
+        self.limit_changes = 0
+        self.round_durations_s: list[float] = []
+        """Wall seconds each round took since the last time someone took them (metrics)."""
+        self.last_batch_at: dict[str, float] = {}
+        self.throttled_ratio: dict[str, float] = {}
+        self._throttle_prev: dict[str, Throttling] = {}
+        self._release: set[str] = set()
         self.wake = asyncio.Event()
         self._next_state_wall = 0.0
         self._stopping = False
@@ -89,6 +97,7 @@ class Worker:
         if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock(), cpu_s):
             self.ignored_latencies += 1
             return
+        self.last_batch_at[name] = msg.finished_at if msg.finished_at is not None else self.wall()
         if msg.model and not self.models.get(name):
             self.models[name] = msg.model
         if self.ctrl.due(self.clock()):
@@ -103,33 +112,52 @@ class Worker:
         if msg.container in self.ctrl.containers:
             self._set_objective(msg.container, msg.objective_s, msg.alpha)
 
-    def on_control(self, msg: ControlMsg) -> None:
-        """An operator's parameter change: applied to the fields the policy has, validated by it."""
+    def on_control(self, msg: ControlMsg) -> ControlReply:
+        """An operator's parameter read or change, checked against the policy in force.
+
+        Names must be fields of the policy's parameters dataclass and values
+        must pass its checks; otherwise nothing changes and the reply says
+        why. A message that asks for nothing is a read.
+        """
         policy = self.ctrl.policy
         fields = {f.name for f in dataclasses.fields(policy.params)}
-        asked = {k: v for k, v in (("alpha", msg.alpha), ("beta", msg.beta),
-                                   ("initial_interval_s", msg.initial_interval_s),
-                                   ("max_interval_s", msg.max_interval_s)) if v is not None}
+        asked = msg.asked()
         unknown = sorted(set(asked) - fields)
+        error = ""
         if unknown:
-            log.warning("control message refused: policy %s has no parameter %s", policy.name, ", ".join(unknown))
-            return
-        if not asked:
-            return
-        try:
-            params = dataclasses.replace(policy.params, **asked)
-        except ValueError as e:
-            log.warning("control message refused: %s", e)
-            return
-        policy.set_params(params)
-        self.ctrl.next_round_at_s = self.clock()
-        log.info("parameters now %s", params)
-        self.wake.set()
+            error = (f"policy {policy.name} has no parameter {', '.join(unknown)} "
+                     f"(it has: {', '.join(sorted(fields))})")
+        elif asked:
+            try:
+                current = dataclasses.asdict(policy.params)
+                typed = {k: int(v) if isinstance(current[k], int) and not isinstance(current[k], bool)
+                         and float(v).is_integer() else v for k, v in asked.items()}
+                bad = [k for k in typed if isinstance(current[k], bool)]
+                if bad:
+                    raise ValueError(f"{bad[0]} is a switch, not a number")
+                params = dataclasses.replace(policy.params, **typed)
+            except (ValueError, TypeError) as e:
+                error = str(e)
+            else:
+                policy.set_params(params)
+                self.ctrl.next_round_at_s = self.clock()
+                log.info("parameters now %s", params)
+                self.wake.set()
+        if error:
+            log.warning("control message refused: %s", error)
+        return ControlReply(node=self.node, policy=policy.name, ok=not error, error=error,
+                            params=self.params_in_force(), changed=() if error else tuple(sorted(asked)))
+
+    def params_in_force(self) -> dict[str, float]:
+        return {k: float(v) for k, v in dataclasses.asdict(self.ctrl.policy.params).items()
+                if isinstance(v, int | float) and not isinstance(v, bool)}
 
     def on_runtime_event(self, ev: RuntimeEvent) -> None:
         if ev.kind == "started":
             self._add(ev.container)
         else:
+            self.last_batch_at.pop(ev.container.name, None)
+            self.throttled_ratio.pop(ev.container.name, None)
             if self.ctrl.remove(ev.container.name, self.clock()):
                 log.info("container %s left; its CPU is released", ev.container.name)
         self.wake.set()
@@ -153,11 +181,16 @@ class Worker:
         if objective_s is None:
             # Cleared by the operator: fall back to the container's own label, if any.
             objective_s, alpha = self.label_objectives.get(name, (None, None))
+        was_managed = name in self.ctrl.containers and self.ctrl.containers[name].managed
         try:
             self.ctrl.set_objective(name, objective_s, self.clock(), alpha)
         except (KeyError, ValueError) as e:
             log.warning("objective for %s refused: %s", name, e)
             return
+        if was_managed and objective_s is None:
+            # Unmanaged now: nothing will move its limit again, so release it.
+            self._release.add(name)
+            log.info("objective for %s cleared: unmanaged, its CPU limit is released", name)
         self.wake.set()
 
     # -- rounds -----------------------------------------------------------------
@@ -165,16 +198,21 @@ class Worker:
     async def step(self) -> Decision | None:
         """Run a round if one is due; publish the state if it is time. Returns the decision."""
         decision = None
+        if self._release:
+            await self._release_limits()
         now = self.clock()
         if self.ctrl.managed and self.ctrl.due(now):
+            started = time.perf_counter()
             totals = await self._cpu_totals()
             now = self.clock()
             decision = self.ctrl.run_round(now, totals)
             self.rounds += 1
             await self._apply(decision)
+            self.round_durations_s.append(time.perf_counter() - started)
             await self.publish(subjects.decisions(self.node),
                                DecisionMsg.from_decision(decision, self.rounds, self.wall()))
         if decision is not None or self.wall() >= self._next_state_wall:
+            await self._read_throttling()
             await self.publish(subjects.state(self.node), self.node_state())
             self._next_state_wall = self.wall() + self.state_interval_s
         return decision
@@ -186,10 +224,46 @@ class Worker:
             log.warning("could not read CPU counters: %s", e)
             return {}
 
+    async def _release_limits(self) -> None:
+        """Lift the limit of containers whose objective was cleared (still unmanaged)."""
+        names, self._release = self._release, set()
+        for name in names:
+            t = self.ctrl.containers.get(name)
+            if t is None or t.managed or t.limit is None:
+                continue
+            try:
+                actual = await self.runtime.set_limit(name, None)
+            except RuntimeFailure as e:
+                log.warning("limit for %s not released: %s", name, e)
+                continue
+            self.ctrl.set_limit(name, _fraction(actual))
+            self.limit_changes += 1
+
+    async def _read_throttling(self) -> None:
+        """Throttled share of CFS periods since the previous reading, per container."""
+        try:
+            now = await self.runtime.throttling()
+        except RuntimeFailure as e:
+            log.debug("could not read throttling counters: %s", e)
+            return
+        ratios: dict[str, float] = {}
+        for name, t in now.items():
+            prev = self._throttle_prev.get(name)
+            if prev is None:
+                continue
+            periods = t.periods - prev.periods
+            throttled = t.throttled_periods - prev.throttled_periods
+            if periods < 0 or throttled < 0:
+                continue  # counters reset (a new cgroup under the same name)
+            ratios[name] = 0.0 if periods == 0 else min(1.0, throttled / periods)
+        self._throttle_prev = now
+        self.throttled_ratio = ratios
+
     async def _apply(self, d: Decision) -> None:
         changes = d.changes
         if not changes:
             return
+        self.limit_changes += len(changes)
 
         async def one(name: str, new: float | None, old: float | None) -> None:
             try:
@@ -205,9 +279,10 @@ class Worker:
     def node_state(self) -> NodeState:
         d = self.ctrl.last_decision
         policy = self.ctrl.policy
-        params = {k: float(v) for k, v in dataclasses.asdict(policy.params).items()
-                  if isinstance(v, int | float) and not isinstance(v, bool)}
+        params = self.params_in_force()
+        cores = self.ctrl.cores
         members: dict[str, list[str]] = {"G": [], "S": [], "B": [], "pending": []}
+        used_total = 0.0
         states = []
         sums = {Cls.G: 0.0, Cls.S: 0.0, Cls.B: 0.0}
         for t in self.ctrl.containers.values():
@@ -215,6 +290,11 @@ class Worker:
                 members[t.cls.value if t.cls else "pending"].append(t.name)
                 if t.cls is not None and t.slack_s is not None:
                     sums[t.cls] += t.slack_s
+            used = None if t.cpu_share is None else t.cpu_share * cores
+            used_total += used or 0.0
+            met = None
+            if t.managed and t.cls is not None:
+                met = t.cls in (Cls.G, Cls.S)
             states.append(
                 ContainerState(
                     container=t.name,
@@ -227,6 +307,10 @@ class Worker:
                     limit=t.limit,
                     cpu_share=t.cpu_share,
                     managed=t.managed,
+                    met=met,
+                    cpu_cores_used=used,
+                    throttled_ratio=self.throttled_ratio.get(t.name),
+                    last_batch_at=self.last_batch_at.get(t.name),
                 )
             )
         return NodeState(
@@ -244,6 +328,9 @@ class Worker:
             containers=tuple(states),
             expected=tuple(self.runtime.expected()),
             params=params,
+            met=len(members["S"]) + len(members["G"]),
+            cpu_cores_used=used_total,
+            cpu_cores_idle=max(0.0, cores - used_total),
         )
 
     # -- loops ------------------------------------------------------------------

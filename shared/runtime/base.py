@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from shared.core.profiles import ModelProfile
+from shared.runtime.cgroupfs import Throttling
+
+__all__ = ["Throttling"]
 
 MANAGED_LABEL = "dqoes.managed"
 """Only containers carrying this label with value "true" are ever touched."""
@@ -112,6 +115,13 @@ class Runtime(Protocol):
 
     async def cpu_totals_s(self) -> dict[str, float]:
         """Cumulative CPU-seconds of each managed running container, by name."""
+
+    async def throttling(self) -> dict[str, Throttling]:
+        """Cumulative CFS throttling counters of each managed running container, by name.
+
+        A container missing from the answer was not measured (the simulated
+        runtime measures none).
+        """
 
     async def set_limit(self, name: str, limit: float | None) -> float | None:
         """Apply a limit (fraction of the node, None: none); return the limit now in force.

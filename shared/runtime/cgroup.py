@@ -224,6 +224,16 @@ class CgroupRuntime(RealClock):
                     log.debug("no CPU total for %s: %s", name, e)
         return totals
 
+    async def throttling(self) -> dict[str, cgroupfs.Throttling]:
+        out: dict[str, cgroupfs.Throttling] = {}
+        for name, entry in self._spawned.items():
+            if entry.running:
+                try:
+                    out[name] = cgroupfs.throttling(entry.group)
+                except OSError as e:
+                    log.debug("no throttling counters for %s: %s", name, e)
+        return out
+
     async def set_limit(self, name: str, limit: float | None) -> float | None:
         entry = self._spawned.get(name)
         if entry is None or not entry.running:

@@ -10,6 +10,10 @@ live in one place:
   <root>/cpu/<group>/cpu.cfs_quota_us over cpu.cfs_period_us (-1: none).
 - cgroup v2: usage in <root>/<group>/cpu.stat (usage_usec), quota in
   <root>/<group>/cpu.max as "QUOTA PERIOD" or "max PERIOD".
+- throttling, both versions: cpu.stat in the cpu directory counts CFS periods
+  (`nr_periods`) and those in which the group ran out of quota
+  (`nr_throttled`), with the time spent throttled (`throttled_time` in ns on
+  v1, `throttled_usec` on v2).
 
 The root is configurable: a worker running in a container sees the host's
 tree wherever it was mounted (e.g. -v /sys/fs/cgroup:/host/cgroup:ro for
@@ -125,6 +129,36 @@ def usage_s(group: Group) -> float:
         if key == "usage_usec":
             return int(value) / 1e6
     raise CgroupError(errno.EINVAL, "no usage_usec in cpu.stat", str(group.acct_dir))
+
+
+@dataclass(frozen=True, slots=True)
+class Throttling:
+    """A group's cumulative CFS throttling counters (cpu.stat)."""
+
+    periods: int
+    """CFS periods in which the group had a quota and ran (nr_periods)."""
+    throttled_periods: int
+    """Of those, periods in which it used up its quota and waited (nr_throttled)."""
+    throttled_s: float
+    """Total time its threads waited for the next period, seconds."""
+
+
+def throttling(group: Group) -> Throttling:
+    """The group's throttling counters from cpu.stat (v1 and v2)."""
+    fields: dict[str, int] = {}
+    for line in _read(group.cpu_dir / "cpu.stat").splitlines():
+        key, _, value = line.partition(" ")
+        try:
+            fields[key] = int(value)
+        except ValueError:
+            continue
+    if "nr_periods" not in fields or "nr_throttled" not in fields:
+        raise CgroupError(errno.EINVAL, "no nr_periods/nr_throttled in cpu.stat", str(group.cpu_dir))
+    if "throttled_usec" in fields:
+        throttled_s = fields["throttled_usec"] / 1e6
+    else:
+        throttled_s = fields.get("throttled_time", 0) / 1e9
+    return Throttling(fields["nr_periods"], fields["nr_throttled"], throttled_s)
 
 
 def read_quota_cores(group: Group) -> float | None:

@@ -185,6 +185,9 @@ class DockerRuntime(RealClock):
     async def cpu_totals_s(self) -> dict[str, float]:
         return await self._call(self._cpu_totals_s)
 
+    async def throttling(self) -> dict[str, cgroupfs.Throttling]:
+        return await self._call(self._throttling)
+
     async def set_limit(self, name: str, limit: float | None) -> float | None:
         if limit is not None and (not math.isfinite(limit) or limit <= 0):
             raise RuntimeFailure(
@@ -299,6 +302,26 @@ class DockerRuntime(RealClock):
         for cid in set(self._groups) - live:
             del self._groups[cid]
         return totals
+
+    def _throttling(self) -> dict[str, cgroupfs.Throttling]:
+        """cpu.stat of each managed running container whose cgroup is already known or found."""
+        api = self._client()
+        try:
+            summaries = api.containers(filters={**self._managed_filter(), "status": "running"})
+        except _ENGINE_ERRORS as e:
+            raise RuntimeFailure(f"docker engine unreachable: {_one_line(e)}") from e
+        out: dict[str, cgroupfs.Throttling] = {}
+        for s in summaries:
+            cid, name = s["Id"], s["Names"][0].lstrip("/")
+            try:
+                out[name] = cgroupfs.throttling(self._group(cid, None))
+            except OSError:
+                try:
+                    pid = api.inspect_container(cid)["State"].get("Pid")
+                    out[name] = cgroupfs.throttling(self._group(cid, pid))
+                except (docker.errors.NotFound, OSError) as e:
+                    log.debug("no throttling counters for %s: %s", name, _one_line(e))
+        return out
 
     def _set_limit(self, name: str, limit: float | None) -> float | None:
         api = self._client()

@@ -26,7 +26,7 @@ from typing import Any
 
 from shared.aio import wait_event
 from shared.core.profiles import ModelProfile
-from shared.runtime.base import RuntimeContainer, RuntimeEvent, RuntimeFailure
+from shared.runtime.base import RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
 from shared.scenarios.placement import place
 from shared.scenarios.spec import ContainerSpec, Scenario
 from shared.sim.physics import BatchDone, SimNode
@@ -120,6 +120,10 @@ class SimRuntime:
     async def cpu_totals_s(self) -> dict[str, float]:
         self._advance(self.now_s())
         return {n: v for n, v in self._sim.cpu_totals().items() if n not in self._unmanaged}
+
+    async def throttling(self) -> dict[str, Throttling]:
+        """Not modelled: the simulated physics has no CFS periods (nothing measured)."""
+        return {}
 
     async def set_limit(self, name: str, limit: float | None) -> float | None:
         if name not in self._sim.containers or name in self._unmanaged:

@@ -93,6 +93,29 @@ async def test_cpu_totals_grow_as_the_limit_allows(harness):
     assert rate_cores == pytest.approx(expected, rel=0.35), f"{rate_cores:.3f} cores used"
 
 
+async def test_a_busy_workload_under_a_small_limit_is_throttled(harness):
+    """cpu.stat's nr_throttled grows for a busy loop held at a quarter core (real kernels only)."""
+    h = harness
+    a, idle = h.unique("busy"), h.unique("idle")
+    await h.start_managed(a, busy=True)
+    await h.start_managed(idle)
+    await h.runtime.set_limit(a, 0.25 / h.runtime.cores)
+    await h.runtime.set_limit(idle, 0.5 / h.runtime.cores)
+    await asyncio.sleep(0.5)
+    before = await h.runtime.throttling()
+    await asyncio.sleep(2.0)
+    after = await h.runtime.throttling()
+    if h.kind == "sim":
+        assert after == {}  # not modelled: reported as not measured, never as zero
+        return
+    periods = after[a].periods - before[a].periods
+    throttled = after[a].throttled_periods - before[a].throttled_periods
+    assert periods > 5 and throttled / periods > 0.5, (before[a], after[a])
+    assert after[a].throttled_s > before[a].throttled_s
+    d_idle = after[idle].throttled_periods - before[idle].throttled_periods
+    assert d_idle <= 1, (before[idle], after[idle])
+
+
 async def test_a_stopped_workload_reports_stopped_and_leaves_the_list(harness):
     h = harness
     a, b = h.unique("a"), h.unique("b")

@@ -27,6 +27,7 @@ from shared.schema import (
     ContainerDecisionMsg,
     ContainerState,
     ControlMsg,
+    ControlReply,
     DecisionMsg,
     LatencyEvent,
     NodeState,
@@ -117,6 +118,10 @@ SAMPLES: dict[str, schema.Message] = {
                 limit=0.45,
                 cpu_share=0.5,
                 managed=True,
+                met=True,
+                cpu_cores_used=1.0,
+                throttled_ratio=0.25,
+                last_batch_at=1699999990.0,
             ),
             ContainerState(
                 container="mobilenet",
@@ -137,10 +142,32 @@ SAMPLES: dict[str, schema.Message] = {
         ),
         expected=("later",),
         params={"alpha": 0.1, "beta": 0.1, "initial_interval_s": 10.0},
+        met=2,
+        cpu_cores_used=1.4,
+        cpu_cores_idle=0.6,
     ),
     "objective": ObjectiveAssign(container="resnet.1", objective_s=40.0, alpha=0.05, revision=3),
-    "control": ControlMsg(alpha=0.2, beta=0.15, initial_interval_s=5.0, max_interval_s=80.0),
+    "control": ControlMsg(alpha=0.2, beta=0.15, initial_interval_s=5.0, max_interval_s=80.0,
+                          params={"dead_band": 0.05}),
+    "control_reply": ControlReply(node="node-a", policy="dqoes", ok=True,
+                                  params={"alpha": 0.2, "beta": 0.15}, changed=("alpha", "beta")),
 }
+
+V3_ONLY = {"control_reply"}
+"""Message types that did not exist before version 3 (no older fixtures)."""
+OLD_KINDS = sorted(set(SAMPLES) - V3_ONLY)
+
+
+def as_before_v3(msg):
+    """The sample as a v1/v2 sender wrote it: the fields version 3 added at their defaults."""
+    if isinstance(msg, NodeState):
+        return dataclasses.replace(
+            msg, met=None, cpu_cores_used=None, cpu_cores_idle=None,
+            containers=tuple(dataclasses.replace(c, met=None, cpu_cores_used=None, throttled_ratio=None,
+                                                 last_batch_at=None) for c in msg.containers))
+    if isinstance(msg, ControlMsg):
+        return dataclasses.replace(msg, params={})
+    return msg
 
 MESSAGE_CLASSES = {
     "latency": LatencyEvent,
@@ -148,6 +175,7 @@ MESSAGE_CLASSES = {
     "node_state": NodeState,
     "objective": ObjectiveAssign,
     "control": ControlMsg,
+    "control_reply": ControlReply,
 }
 
 
@@ -181,20 +209,29 @@ def test_encode_reproduces_the_golden_bytes(kind):
 def test_golden_bytes_decode_to_the_sample(kind):
     env = schema.decode_envelope((GOLDEN / f"{kind}.msgpack").read_bytes())
     assert env.msg == SAMPLES[kind]
-    assert (env.type, env.v, env.ts, env.sender) == (kind, 2, GOLDEN_TS, GOLDEN_SENDER)
+    assert (env.type, env.v, env.ts, env.sender) == (kind, 3, GOLDEN_TS, GOLDEN_SENDER)
 
 
-@pytest.mark.parametrize("kind", sorted(SAMPLES))
+@pytest.mark.parametrize("kind", OLD_KINDS)
 def test_version_1_bytes_still_decode_to_the_sample(kind):
     """v1 named slack `q_s` and the class sums `q_g_s`/`q_b_s`; those names are still read."""
     env = schema.decode_envelope((GOLDEN / "v1" / f"{kind}.msgpack").read_bytes())
-    assert env.msg == SAMPLES[kind]
+    assert env.msg == as_before_v3(SAMPLES[kind])
     assert env.v == 1
 
 
-def test_version_1_cluster_state_json_still_parses():
-    v1 = public.ClusterState.from_json((GOLDEN / "v1" / "cluster_state.json").read_bytes())
-    assert v1 == aggregate([SAMPLES["node_state"]], at=GOLDEN_TS)
+@pytest.mark.parametrize("kind", OLD_KINDS)
+def test_version_2_bytes_still_decode_to_the_sample(kind):
+    """v3 only added optional fields and a message type: v2 bytes decode, the new fields at defaults."""
+    env = schema.decode_envelope((GOLDEN / "v2" / f"{kind}.msgpack").read_bytes())
+    assert env.msg == as_before_v3(SAMPLES[kind])
+    assert env.v == 2
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_older_cluster_state_json_still_parses(version):
+    old = public.ClusterState.from_json((GOLDEN / version / "cluster_state.json").read_bytes())
+    assert old == aggregate([SAMPLES["node_state"]], at=GOLDEN_TS)
 
 
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
@@ -225,7 +262,7 @@ def test_golden_cluster_state_json():
 def test_the_envelope_comes_first_and_is_flat():
     m = golden_map("latency")
     assert list(m)[:4] == ["type", "v", "ts", "sender"]
-    assert m["type"] == "latency" and m["v"] == 2 and m["ts"] == GOLDEN_TS
+    assert m["type"] == "latency" and m["v"] == 3 and m["ts"] == GOLDEN_TS
     assert m["latency_s"] == 12.5 and m["container"] == "resnet.1"
 
 
@@ -792,7 +829,7 @@ def test_aggregate_of_nothing_is_an_empty_cluster():
 def test_cluster_state_json_round_trip_and_tolerance():
     c = aggregate([node_state("a", 10.0), node_state("b.x", 11.0)], at=20.0)
     obj = orjson.loads(c.to_json())
-    assert obj["type"] == "cluster_state" and obj["v"] == 2
+    assert obj["type"] == "cluster_state" and obj["v"] == schema.SCHEMA_VERSION
     assert obj["nodes"]["b.x"]["satisfied"] == 1 and obj["satisfied_total"] == 2
     obj["new_total"] = 5
     obj["nodes"]["a"]["new_field"] = "x"

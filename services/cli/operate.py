@@ -1,0 +1,466 @@
+"""`dqoes status | target | control | watch`: what an operator reads and changes on a running deployment.
+
+Why apart from `live` (which runs a deployment): these commands speak only
+the bus contract, so they work the same against `dqoes up`, compose or Swarm,
+and a person can check every one of them against docs/api.md with the `nats`
+CLI. `status`, `target` and `watch` use the public JSON subjects
+(`dqoes.cluster.*`, `dqoes.targets[.get|list|clear]`); `control` is the
+operator's request on `dqoes.control.<node>` (msgpack `ControlMsg`, answered
+with a `ControlReply` by the worker). The NATS URL comes from --nats, else
+$DQOES_NATS_URL, else the last `dqoes up` on this machine, else localhost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import math
+import signal
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from services.cli.common import CliError, connect, emit_json, resolve_url
+from shared import subjects
+from shared.bus import Bus, BusError, NoResponders, RequestTimeout
+from shared.core import registry
+from shared.public import (
+    ClusterState,
+    ContainerInfo,
+    TargetRequest,
+    parse_containers_reply,
+    parse_target_reply,
+)
+from shared.schema import ControlMsg, ControlReply, SchemaError, decode_as, encode
+from shared.validation import to_wire
+
+REQUEST_TIMEOUT_S = 3.0
+
+
+async def _request(bus: Bus, subject: str, payload: bytes, what: str = "manager") -> bytes:
+    try:
+        return await bus.request(subject, payload, timeout_s=REQUEST_TIMEOUT_S)
+    except (NoResponders, RequestTimeout):
+        raise CliError(f"no {what} answers on {bus.url} ({subject})") from None
+    except BusError as e:
+        raise CliError(str(e)) from None
+
+
+async def fetch_cluster(bus: Bus) -> ClusterState:
+    data = await _request(bus, subjects.CLUSTER_QUERY, b"")
+    try:
+        return ClusterState.from_json(data)
+    except SchemaError as e:
+        raise CliError(f"unreadable cluster state: {e}") from None
+
+
+async def fetch_containers(bus: Bus, node: str | None = None) -> list[ContainerInfo]:
+    body = orjson.dumps({"node": node}) if node else b""
+    data = await _request(bus, subjects.CLUSTER_CONTAINERS, body)
+    try:
+        return parse_containers_reply(data)
+    except SchemaError as e:
+        raise CliError(str(e)) from None
+
+
+# -- status ------------------------------------------------------------------------------
+
+
+def _num(x: float | None, fmt: str, none: str = "-") -> str:
+    return none if x is None else format(x, fmt)
+
+
+def _yes(x: bool | None) -> str:
+    return "-" if x is None else ("yes" if x else "no")
+
+
+def _ago(at: float | None, now: float) -> str:
+    if at is None:
+        return "never"
+    s = max(0.0, now - at)
+    return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
+
+
+def cluster_lines(cs: ClusterState, node: str | None = None) -> list[str]:
+    lines = [f"{'node':<14}{'policy':<9}{'satisfied':>10}{'G':>4}{'S':>4}{'B':>4}{'pend':>6}"
+             f"{'Q_G (s)':>10}{'Q_B (s)':>10}{'interval':>10}"]
+    for name, n in cs.nodes.items():
+        if node is None or name == node:
+            lines.append(f"{name:<14}{n.policy:<9}{n.satisfied:>10}{n.G:>4}{n.S:>4}{n.B:>4}{n.pending:>6}"
+                         f"{n.slack_sum_g_s:>10.1f}{n.slack_sum_b_s:>10.1f}{n.interval_s:>9.0f}s")
+    if node is None:
+        lines.append(f"{'total':<23}{cs.satisfied_total:>10}{cs.G:>4}{cs.S:>4}{cs.B:>4}{cs.pending:>6}"
+                     f"{cs.slack_sum_g_s:>10.1f}{cs.slack_sum_b_s:>10.1f}   ({cs.containers_total} containers)")
+    return lines
+
+
+CONTAINER_HEADER = ("NODE", "CONTAINER", "MODEL", "OBJECTIVE", "ALPHA", "LATENCY", "MET", "IN BAND",
+                    "CLASS", "LIMIT", "CPU USED", "THROTTLED", "LAST BATCH")
+
+
+def container_table(rows: list[ContainerInfo], now: float) -> list[str]:
+    """Like `docker ps`: one line per container, columns sized to their contents."""
+    body = [
+        (r.node, r.container, r.model or "-", _num(r.objective_s, ".1f") + ("s" if r.objective_s else ""),
+         _num(r.alpha, ".2f"), _num(r.latency_s, ".2f") + ("s" if r.latency_s else ""), _yes(r.met),
+         _yes(r.in_band), r.cls or ("pending" if r.managed else "unmanaged"),
+         _num(r.cpu_limit_cores, ".2f", "none"), _num(r.cpu_used_cores, ".2f"),
+         "-" if r.throttled_ratio is None else f"{100 * r.throttled_ratio:.0f}%", _ago(r.last_batch_at, now))
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(CONTAINER_HEADER)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*CONTAINER_HEADER).rstrip()] + [fmt.format(*b).rstrip() for b in body]
+
+
+def status_json(cs: ClusterState, rows: list[ContainerInfo], node: str | None) -> dict[str, Any]:
+    out = orjson.loads(cs.to_json())
+    if node is not None:
+        out["nodes"] = {k: v for k, v in out["nodes"].items() if k == node}
+    out["containers"] = [to_wire(r) for r in rows]
+    return out
+
+
+async def _status_once(bus: Bus, node: str | None) -> tuple[ClusterState, list[ContainerInfo]]:
+    cs = await fetch_cluster(bus)
+    if node is not None and node not in cs.nodes:
+        known = ", ".join(cs.nodes) or "none"
+        raise CliError(f"no node {node!r} reports to the manager (nodes: {known})")
+    return cs, await fetch_containers(bus, node)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    if args.every <= 0:
+        raise CliError("--every must be > 0 seconds")
+
+    async def go() -> None:
+        bus = await connect(resolve_url(args.nats), "dqoes-status")
+        stop = _stop_on_signals()
+        shown = 0
+        try:
+            while True:
+                cs, rows = await _status_once(bus, args.node)
+                if args.json:
+                    emit_json(status_json(cs, rows, args.node))
+                else:
+                    lines = cluster_lines(cs, args.node) + [""] + container_table(rows, time.time())
+                    if args.watch and sys.stdout.isatty():
+                        sys.stdout.write("\x1b[H\x1b[2J")  # refresh in place
+                    elif args.watch:
+                        lines.insert(0, f"-- {time.strftime('%H:%M:%S')}")
+                    print("\n".join(lines), flush=True)
+                shown += 1
+                if not args.watch or (args.count and shown >= args.count):
+                    return
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), args.every)
+                if stop.is_set():
+                    return
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
+    return 0
+
+
+def _stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+# -- target set | get | list | clear ---------------------------------------------------------
+
+
+async def _public_request(nats: str | None, subject: str, body: bytes) -> dict[str, Any]:
+    bus = await connect(resolve_url(nats), "dqoes-target")
+    try:
+        data = await _request(bus, subject, body)
+    finally:
+        await bus.close()
+    try:
+        return parse_target_reply(data)
+    except SchemaError as e:
+        raise CliError(str(e)) from None
+
+
+def _refused(reply: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        emit_json(reply)
+    else:
+        print(f"refused: {reply['error']}", file=sys.stderr)
+    return 1
+
+
+def cmd_target_set(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"container": args.container, "objective": args.seconds}
+    if args.alpha is not None:
+        body["alpha"] = args.alpha
+    try:  # the same checks the manager makes, before anything is sent
+        TargetRequest(container=args.container, objective_s=args.seconds, alpha=args.alpha)
+    except SchemaError as e:
+        raise CliError(str(e)) from None
+    reply = asyncio.run(_public_request(args.nats, subjects.TARGETS, orjson.dumps(body)))
+    if not reply["ok"]:
+        return _refused(reply, args.json)
+    if args.json:
+        emit_json(reply)
+    else:
+        where = reply.get("node") or "no node yet"
+        state = "running" if reply.get("running") else "expected"
+        print(f"objective for {reply['container']}: {reply['objective_s']:g} s a batch "
+              f"({state} on {where}, revision {reply.get('revision')})")
+    return 0
+
+
+def _target_line(t: dict[str, Any]) -> str:
+    alpha = "node default" if t.get("alpha") is None else f"{t['alpha']:g}"
+    where = t.get("node") or "no node yet"
+    state = "running" if t.get("running") else "not running"
+    return (f"{t['container']:<20} {t['objective_s']:>9g} s  alpha {alpha:<12} {state} on {where}"
+            f"  (revision {t['revision']})")
+
+
+def cmd_target_get(args: argparse.Namespace) -> int:
+    reply = asyncio.run(_public_request(args.nats, subjects.TARGETS_GET,
+                                        orjson.dumps({"container": args.container})))
+    if not reply["ok"]:
+        return _refused(reply, args.json)
+    if args.json:
+        emit_json(reply)
+    else:
+        print(_target_line(reply["target"]))
+    return 0
+
+
+def cmd_target_list(args: argparse.Namespace) -> int:
+    reply = asyncio.run(_public_request(args.nats, subjects.TARGETS_LIST, b"{}"))
+    if not reply["ok"]:
+        return _refused(reply, args.json)
+    if args.json:
+        emit_json(reply)
+    elif not reply["targets"]:
+        print("no objectives stored")
+    else:
+        for t in reply["targets"]:
+            print(_target_line(t))
+    return 0
+
+
+def cmd_target_clear(args: argparse.Namespace) -> int:
+    reply = asyncio.run(_public_request(args.nats, subjects.TARGETS_CLEAR,
+                                        orjson.dumps({"container": args.container})))
+    if not reply["ok"]:
+        return _refused(reply, args.json)
+    if args.json:
+        emit_json(reply)
+    else:
+        print(f"objective for {reply['container']} cleared (was {reply['previous_objective_s']:g} s); "
+              "it is unmanaged now and its CPU limit is released")
+    return 0
+
+
+# -- control -------------------------------------------------------------------------------
+
+
+def parse_assignments(items: list[str]) -> dict[str, float]:
+    """NAME=VALUE pairs as numbers; CliError naming the first bad one."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"expected NAME=VALUE, got {item!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise CliError(f"{name}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise CliError(f"{name}: must be a finite number, got {value!r}")
+        out[name] = number
+    return out
+
+
+def check_against_registry(policy: str, asked: dict[str, float]) -> None:
+    """The worker's own check, made before anything is sent: names and values of `policy`'s params."""
+    try:
+        names = registry.param_names(policy)
+    except ValueError:
+        return  # a policy this CLI does not know: the worker checks
+    unknown = sorted(set(asked) - set(names))
+    if unknown:
+        raise CliError(f"policy {policy} has no parameter {', '.join(unknown)} (it has: {', '.join(names)})")
+    try:
+        registry.params_for(policy, asked)
+    except ValueError as e:
+        raise CliError(f"policy {policy}: {e}") from None
+
+
+async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float]) -> list[ControlReply]:
+    msg = ControlMsg(params=asked)
+    replies = []
+    for node in nodes:
+        bus_reply = await _request(bus, subjects.control(node), encode(msg, bus.name), f"worker for {node}")
+        try:
+            replies.append(decode_as(bus_reply, ControlReply))
+        except SchemaError as e:
+            raise CliError(f"unreadable reply from {node}: {e}") from None
+    return replies
+
+
+def cmd_control(args: argparse.Namespace) -> int:
+    asked = parse_assignments(args.set)
+
+    async def go() -> list[ControlReply]:
+        bus = await connect(resolve_url(args.nats), "dqoes-control")
+        try:
+            cs = await fetch_cluster(bus)
+            nodes = list(cs.nodes) if args.node is None else [args.node]
+            if args.node is not None and args.node not in cs.nodes:
+                raise CliError(f"no node {args.node!r} reports to the manager (nodes: {', '.join(cs.nodes) or 'none'})")
+            if not nodes:
+                raise CliError("no node reports to the manager yet")
+            for n in nodes:  # all checked before any is changed
+                check_against_registry(cs.nodes[n].policy, asked)
+            return await control_nodes(bus, nodes, asked)
+        finally:
+            await bus.close()
+
+    replies = asyncio.run(go())
+    ok = all(r.ok for r in replies)
+    if args.json:
+        emit_json({"ok": ok, "nodes": {r.node: {"ok": r.ok, "error": r.error or None, "policy": r.policy,
+                                                 "params": r.params, "changed": list(r.changed)}
+                                        for r in replies}})
+    else:
+        for r in replies:
+            params = "  ".join(f"{k}={v:g}" for k, v in sorted(r.params.items()))
+            head = f"{r.node:<14}{r.policy:<9}"
+            if not r.ok:
+                print(f"{head}refused: {r.error}", file=sys.stderr)
+            print(f"{head}{'set ' + ', '.join(r.changed) + ';  ' if r.changed else ''}{params}")
+    return 0 if ok else 1
+
+
+# -- watch ---------------------------------------------------------------------------------
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    async def go() -> None:
+        bus = await connect(resolve_url(args.nats), "dqoes-watch")
+        stop = _stop_on_signals()
+        last = [0.0]
+        shown = [0]
+
+        def on_cluster(inc: Any) -> None:
+            if inc.reply or not inc.data:
+                return
+            try:
+                cs = ClusterState.from_json(inc.data)
+            except SchemaError:
+                return
+            if time.monotonic() - last[0] < args.every:
+                return
+            last[0] = time.monotonic()
+            shown[0] += 1
+            if args.json:
+                emit_json(orjson.loads(cs.to_json()))
+            else:
+                per = "  ".join(f"{k}: {v.satisfied}/{v.containers}" for k, v in cs.nodes.items())
+                print(f"{time.strftime('%H:%M:%S')}  satisfied {cs.satisfied_total:>3} of {cs.containers_total:<3} "
+                      f"G {cs.G:<3} S {cs.S:<3} B {cs.B:<3}  {per}", flush=True)
+            if args.count and shown[0] >= args.count:
+                stop.set()
+
+        await bus.subscribe_raw(subjects.CLUSTER_STATE, on_cluster)
+        try:
+            if args.count:
+                t_end = args.count * max(args.every, 0.5) + 5
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), t_end)
+            else:
+                await stop.wait()
+        finally:
+            await bus.close()
+
+    asyncio.run(go())
+    return 0
+
+
+# -- parsers -------------------------------------------------------------------------------
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> None:
+    nats_help = "NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)"
+    p = sub.add_parser("status", help="the cluster: one row per node, then one per container",
+                       description="The cluster summary (satisfied per node, G/S/B, Q values, interval) and, "
+                       "like `docker ps`, every container: node, model, objective and alpha, latest latency, "
+                       "whether it meets its objective and is in band, class, CPU limit and use (cores), "
+                       "throttled share of CFS periods, last batch.")
+    p.add_argument("--nats", help=nats_help)
+    p.add_argument("--node", help="only this node and its containers")
+    p.add_argument("--json", action="store_true",
+                   help="print the cluster state JSON with a \"containers\" list (one object per refresh)")
+    p.add_argument("--watch", action="store_true", help="refresh in place until Ctrl-C")
+    p.add_argument("--every", type=float, default=2.0, help="--watch: seconds between refreshes (default 2)")
+    p.add_argument("--count", type=int, default=0, help="--watch: stop after N refreshes (0: until Ctrl-C)")
+    p.set_defaults(func=cmd_status)
+
+    t = sub.add_parser("target", help="set, read, list or clear containers' objectives",
+                       description="The objective lifecycle over the public subjects dqoes.targets and "
+                       "dqoes.targets.get|list|clear (docs/api.md).").add_subparsers(
+        dest="action", required=True, metavar="ACTION")
+    p = t.add_parser("set", help="set CONTAINER's objective to SECONDS per batch",
+                     description="Send {container, objective[, alpha]} to dqoes.targets and print the reply.")
+    p.add_argument("container")
+    p.add_argument("seconds", type=float)
+    p.add_argument("--alpha", type=float, help="this container's tolerance band (0 < alpha < 1)")
+    p.add_argument("--nats", help=nats_help)
+    p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
+    p.set_defaults(func=cmd_target_set)
+
+    p = t.add_parser("get", help="CONTAINER's stored objective",
+                     description="Request {container} on dqoes.targets.get and print the stored objective.")
+    p.add_argument("container")
+    p.add_argument("--nats", help=nats_help)
+    p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
+    p.set_defaults(func=cmd_target_get)
+
+    p = t.add_parser("list", help="every stored objective", description="Request dqoes.targets.list.")
+    p.add_argument("--nats", help=nats_help)
+    p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
+    p.set_defaults(func=cmd_target_list)
+
+    p = t.add_parser("clear", help="remove CONTAINER's objective (it becomes unmanaged, its limit released)",
+                     description="Request {container} on dqoes.targets.clear: the objective is deleted from "
+                     "the store, the worker stops controlling the container (or falls back to its "
+                     "dqoes.objective_s label) and lifts its CPU limit.")
+    p.add_argument("container")
+    p.add_argument("--nats", help=nats_help)
+    p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
+    p.set_defaults(func=cmd_target_clear)
+
+    p = sub.add_parser("control", help="read or set the policy parameters in force, per node or cluster-wide",
+                       description="Without NAME=VALUE: print each node's policy parameters in force. With them: "
+                       "set them (any parameter of the node's policy by name: alpha, beta, initial_interval_s, "
+                       "max_interval_s, and each policy's own), checked against the policy registry before "
+                       "anything is sent, then by the worker, which acknowledges with the parameters now in "
+                       "force. Every node unless --node.",
+                       epilog="example: dqoes control --node worker-1 alpha=0.15 beta=0.2")
+    p.add_argument("set", nargs="*", metavar="NAME=VALUE", help="parameters to set (none: read)")
+    p.add_argument("--node", help="only this node (default: every node reporting to the manager)")
+    p.add_argument("--nats", help=nats_help)
+    p.add_argument("--json", action="store_true", help="print every node's reply as one JSON object")
+    p.set_defaults(func=cmd_control)
+
+    p = sub.add_parser("watch", help="follow the cluster summary live")
+    p.add_argument("--nats", help=nats_help)
+    p.add_argument("--every", type=float, default=1.0, help="at most one line per N seconds")
+    p.add_argument("--count", type=int, default=0, help="stop after about N lines (0: until Ctrl-C)")
+    p.add_argument("--json", action="store_true", help="one cluster state JSON object per line")
+    p.set_defaults(func=cmd_watch)
