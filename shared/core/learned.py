@@ -77,6 +77,9 @@ MAX_STEP_UNCERTAIN = 2.0
 """While the fit is uncertain a limit moves at most by this factor a round."""
 UNCERTAIN_SD = 0.25
 BEST_EFFORT_DEAD_BAND = 0.25
+SAT_PROBE = 1.5
+"""A container that cannot be met may get this many times its seen ceiling (room to show more);
+above 1 / (1 - BEST_EFFORT_DEAD_BAND), so the probe is never held back by the dead band."""
 TOO_FAST_SLACK = 1.5
 """A container faster than its band at the floor keeps a limit up to this many floors (no trimming)."""
 """A container that cannot be met keeps its share unless it would move by more than this."""
@@ -309,10 +312,13 @@ class LearnedPolicy(PolicyBase):
                 rate = v.cpu_share * cores
             if limit_cores is not None and (rate is None or rate >= BINDING * limit_cores):
                 got = limit_cores
+                if rate is not None and curve.sat_cores is not None and rate > curve.sat_cores:
+                    curve.sat_cores = None  # it used more than its ceiling: the ceiling was wrong
             elif rate is not None and rate > 0:
                 got = rate
-                if node_busy < 0.9:
-                    # It left CPU it could have had unused: a ceiling of its own.
+                if node_busy < 0.9 and b.index > 0:
+                    # It left CPU it could have had unused: a ceiling of its own (a warm-up
+                    # batch, which loads the model, says nothing about it).
                     curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
             else:
                 continue
@@ -515,7 +521,9 @@ class LearnedPolicy(PolicyBase):
             curve = self.curves[name]
             top = limit_each
             if curve.sat_cores is not None:
-                top = min(top, max(floor, curve.sat_cores / cores))
+                # Up to its ceiling and a little past it: a ceiling seen once may have been a
+                # slow spell, and a container held at it could never show that it is not.
+                top = min(top, max(floor, SAT_PROBE * curve.sat_cores / cores))
             want[name] = top
         while budget > 1e-9 and want:
             share = budget / len(want)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from shared.core.learned import LearnedPolicy
 from shared.core.types import Cls, is_satisfied
 from shared.scenarios.spec import parse_scenario
@@ -158,3 +160,39 @@ def test_the_reason_says_what_the_solver_decided():
     assert last["hopeless"].startswith("learned: unachievable")
     assert last["a"].startswith("learned: in band")
     assert res.timeline[-1]["cls"] in (Cls.S.value, Cls.G.value, Cls.B.value)
+
+
+@pytest.mark.parametrize("slow_batch", [0, 1], ids=["warm-up", "a slow spell"])
+def test_a_slow_batch_is_not_taken_for_a_ceiling_for_good(slow_batch):
+    """A batch that used little CPU with room to spare must not cap the container for good.
+
+    Explicit views, no simulator: `x` (objective 4 s) needs 2.5 of the node's 4 cores for its
+    10 CPU-seconds a batch; one batch (the warm-up, which loads the model, or a later slow
+    spell) took 30 s at a third of a core with the node nearly idle.
+    """
+    from shared.core.types import BatchObs, ContainerView, NodeView
+
+    policy = LearnedPolicy()
+    objectives = {"x": 4.0, "y": 20.0}
+    limits: dict[str, float | None] = {"x": None, "y": None}
+    now, index = 0.0, 0
+    for _ in range(12):
+        views = []
+        for name, objective in objectives.items():
+            limit = limits[name]
+            if index == slow_batch:
+                latency, cpu_s = 30.0, 10.0  # slow, and far from using its CPU
+            elif limit is None:
+                latency, cpu_s = 5.0, 10.0  # no limits yet: two cores each
+            else:
+                latency, cpu_s = 10.0 / (limit * 4.0), 10.0
+            batch = BatchObs(latency_s=latency, finished_at_s=now, limit=limit, clean=True, index=index, cpu_s=cpu_s)
+            views.append(ContainerView(name=name, objective_s=objective, alpha=0.1, latency_s=latency,
+                                       last_latency_s=latency, cpu_share=cpu_s / latency / 4.0, limit=limit,
+                                       batches=(batch,)))
+        decision = policy.decide(NodeView(node="n1", cores=4.0, now_s=now, containers=tuple(views)))
+        limits.update({c.name: c.new_limit for c in decision.containers})
+        now, index = now + 30.0, index + 1
+    x_latency = 10.0 / (limits["x"] * 4.0)
+    assert x_latency <= 4.0 * 1.1, limits
+    assert 10.0 / (limits["y"] * 4.0) <= 20.0 * 1.1, limits
