@@ -138,7 +138,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     run_root = Path(args.run_dir) if args.run_dir else None
     stacks = [
         Stack(StackSpec(scenario, policy=p, seed=args.seed, time_scale=args.time_scale, label=p,
-                        runtime=args.runtime, workload_batch=args.batch, workload_resolution=args.resolution),
+                        runtime=args.runtime, workload_batch=args.batch, workload_resolution=args.resolution,
+                        metrics=not args.no_metrics),
               run_dir=(run_root / p) if run_root else None)
         for p in policies
     ]
@@ -154,8 +155,12 @@ def cmd_up(args: argparse.Namespace) -> int:
                   f"{len(scenario.nodes)} node(s)), seed {args.seed}, time x{args.time_scale:g}")
             for s in stacks:
                 print(f"  {s.name:<8} NATS {s.url}   logs and JetStream data: {s.run_dir}")
+                _print_metrics(s)
             u = stacks[0].url
             print(f"  try:  dqoes status --nats {u}   |   dqoes target set {scenario.containers[0].name} 30 --nats {u}")
+        if args.json:
+            for s in stacks:
+                _print_metrics(s, sys.stderr)
         board = start_dashboard(stacks, args)
         if not args.json:
             print("  Ctrl-C stops everything.", flush=True)
@@ -176,7 +181,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         result = {"scenario": scenario.name, "seed": args.seed, "time_scale": args.time_scale,
                   "containers": len(scenario.containers), "nodes": len(scenario.nodes),
                   "scenario_time_s": round(end, 1), "interrupted": stopped,
-                  "policies": {o.stack.name: o.summary(end) for o in obs}}
+                  "policies": {o.stack.name: o.summary(end) for o in obs},
+                  "metrics": {o.stack.name: o.stack.metrics_urls for o in obs}}
         if len(obs) == 2:
             d, b = (result["policies"][p]["satisfied_final"] for p in ("dqoes", "default"))
             result["ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
@@ -197,6 +203,12 @@ def cmd_up(args: argparse.Namespace) -> int:
             s.stop()
         with contextlib.suppress(OSError):
             (state_dir() / "up.json").unlink()
+
+
+def _print_metrics(s: Stack, out: Any = None) -> None:
+    if s.metrics_urls:
+        print(f"  {'':<8} metrics: " + "  ".join(f"{k} {u}" for k, u in s.metrics_urls.items()),
+              file=out or sys.stdout, flush=True)
 
 
 def start_dashboard(stacks: list[Stack], args: argparse.Namespace) -> subprocess.Popen[bytes] | None:
@@ -257,6 +269,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--run-dir", help="where logs, the scenario and JetStream data go (default: a temp dir)")
     p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the web dashboard")
+    p.add_argument("--no-metrics", action="store_true",
+                   help="do not serve Prometheus metrics (default: the manager and every worker serve "
+                   "/metrics on a free local port, printed at start; docs/metrics.md)")
     p.add_argument("--dashboard-port", type=int, help="port of the web dashboard (default: a free one)")
     p.add_argument("--runs", metavar="DIR",
                    help=f"folder of timeline files the dashboard lists (default: ./{DEFAULT_RUNS_DIR})")

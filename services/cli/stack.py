@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +40,15 @@ class StackSpec:
     """sim: simulated containers; cgroup: real inference processes in cgroups (root, torch)."""
     workload_batch: int = 100
     workload_resolution: int | None = None
+    metrics: bool = False
+    """Serve Prometheus metrics from the manager and every worker on free local ports."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
 
 
 class Stack:
@@ -52,6 +62,8 @@ class Stack:
         self.nats: NatsServer | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.start_at: float | None = None
+        self.metrics_urls: dict[str, str] = {}
+        """/metrics URL of the manager ("manager") and of each node's worker (by node name) when spec.metrics is set."""
 
     @property
     def url(self) -> str:
@@ -100,8 +112,16 @@ class Stack:
             self.start_worker(n.name, scenario_file)
         return self
 
+    def _metrics_args(self, proc: str) -> list[str]:
+        if not self.spec.metrics:
+            return []
+        port = free_port()
+        self.metrics_urls[proc] = f"http://127.0.0.1:{port}/metrics"
+        return ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1"]
+
     def start_manager(self) -> None:
-        self._spawn("manager", ["-m", "services.manager", "--nats", self.url, "--cluster-interval", "0.5"])
+        self._spawn("manager", ["-m", "services.manager", "--nats", self.url, "--cluster-interval", "0.5",
+                                *self._metrics_args("manager")])
 
     def start_worker(self, node: str, scenario_file: Path | None = None) -> None:
         s = self.spec
@@ -116,7 +136,8 @@ class Stack:
         self._spawn(f"worker-{node}", [
             "-m", "services.worker", "--nats", self.url, "--node", node, "--policy", s.policy,
             "--scenario", str(scenario_file), "--seed", str(s.seed), *runtime_args,
-            "--state-interval", str(s.state_interval_s), *s.extra_worker_args,
+            "--state-interval", str(s.state_interval_s), *self._metrics_args(node),
+            *s.extra_worker_args,
         ])
 
     def scenario_time_s(self, wall: float | None = None) -> float:

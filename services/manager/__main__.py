@@ -21,9 +21,13 @@ def parse(argv: list[str] | None = None) -> ManagerConfig:
     flag(ap, "--bucket", "DQOES_BUCKET", subjects.KV_OBJECTIVES, help="JetStream key-value bucket for objectives")
     flag(ap, "--cluster-interval", "DQOES_CLUSTER_INTERVAL_S", 1.0, type=float, help="publish the cluster summary every N s")
     flag(ap, "--stale-after", "DQOES_STALE_AFTER_S", 15.0, type=float, help="forget a node silent for N s")
+    flag(ap, "--metrics-port", "DQOES_METRICS_PORT", None, type=int,
+         help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; default: off)")
+    flag(ap, "--metrics-addr", "DQOES_METRICS_ADDR", "0.0.0.0", help="address the metrics endpoint listens on")
     a = ap.parse_args(argv)
     return ManagerConfig(nats_url=a.nats, bucket=a.bucket, cluster_interval_s=a.cluster_interval,
-                         stale_after_s=a.stale_after, log_level=a.log_level, log_format=a.log_format)
+                         stale_after_s=a.stale_after, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
+                         log_level=a.log_level, log_format=a.log_format)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from services.manager.logic import Manager
 from shared import subjects
 from shared.bus import KV, Bus, BusError, Incoming
+from shared.metrics import ManagerCollector, ManagerCounters, MetricsServer
 from shared.schema import NodeState
 
 log = logging.getLogger(__name__)
@@ -21,6 +22,9 @@ class ManagerConfig:
     bucket: str = subjects.KV_OBJECTIVES
     cluster_interval_s: float = 1.0
     stale_after_s: float = 15.0
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (0: a free one); None: off."""
+    metrics_addr: str = "0.0.0.0"
     log_level: str = "info"
     log_format: str = "text"
 
@@ -60,6 +64,19 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
         return 1
     mgr = Manager(KVStore(kv), bus.publish, stale_after_s=cfg.stale_after_s)
     await mgr.load()
+    metrics = None
+    if cfg.metrics_port is not None:
+        metrics = MetricsServer()
+        latest = [mgr.cluster_state()]
+        metrics.register(ManagerCollector(lambda: latest[0], lambda: ManagerCounters(
+            accepted=mgr.accepted, rejected=mgr.rejected, cleared=mgr.cleared,
+            objectives_stored=len(mgr.objectives), bus_dropped=bus.dropped)))
+        try:
+            log.info("metrics on %s", metrics.start(cfg.metrics_port, cfg.metrics_addr))
+        except OSError as e:
+            log.error("metrics: cannot listen on %s:%s: %s", cfg.metrics_addr, cfg.metrics_port, e)
+            await bus.close()
+            return 2
     changed = asyncio.Event()
 
     async def on_state(ns: NodeState, _: Incoming) -> None:
@@ -113,7 +130,10 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
         started.set()
     try:
         while not stop.is_set():
-            await bus.publish_raw(subjects.CLUSTER_STATE, mgr.cluster_state().to_json())
+            summary = mgr.cluster_state()
+            if metrics is not None:
+                latest[0] = summary
+            await bus.publish_raw(subjects.CLUSTER_STATE, summary.to_json())
             changed.clear()
             waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(asyncio.sleep(cfg.cluster_interval_s))]
             await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -121,5 +141,7 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
                 w.cancel()
     finally:
         await bus.drain()
+        if metrics is not None:
+            metrics.stop()
         log.info("manager stopped (%d accepted, %d rejected targets)", mgr.accepted, mgr.rejected)
     return 0

@@ -44,6 +44,9 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
          help="cgroup runtime with --scenario: images a batch of each inference process")
     flag(ap, "--workload-resolution", "DQOES_WORKLOAD_RESOLUTION", None, type=int,
          help="cgroup runtime with --scenario: image side in pixels (default: the model's)")
+    flag(ap, "--metrics-port", "DQOES_METRICS_PORT", None, type=int,
+         help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; default: off)")
+    flag(ap, "--metrics-addr", "DQOES_METRICS_ADDR", "0.0.0.0", help="address the metrics endpoint listens on")
     a = ap.parse_args(argv)
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")
@@ -56,7 +59,8 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
         initial_interval_s=a.interval, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
         docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,
-        require_node_label=a.require_node_label, log_level=a.log_level,
+        require_node_label=a.require_node_label, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
+        log_level=a.log_level,
         log_format=a.log_format,
     )
 

@@ -20,6 +20,7 @@ from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.dqoes import DQoESParams
 from shared.core.policy import PolicyContext
+from shared.metrics import MetricsServer, WorkerCollector, WorkerCounters
 from shared.publisher import LatencyPublisher
 from shared.runtime.base import Runtime, RuntimeFailure
 from shared.runtime.factory import RuntimeSettings, make_runtime
@@ -54,6 +55,9 @@ class WorkerConfig:
     """cgroup runtime with a scenario: images a batch of each inference process."""
     workload_resolution: int | None = None
     """cgroup runtime with a scenario: image side in pixels (None: the model's)."""
+    metrics_port: int | None = None
+    """Serve Prometheus metrics on this port (0: a free one); None: off."""
+    metrics_addr: str = "0.0.0.0"
     log_level: str = "info"
     log_format: str = "text"
 
@@ -95,6 +99,7 @@ class WorkerApp:
     runtime: Runtime
     worker: Worker
     scenario: Scenario | None = None
+    metrics: MetricsServer | None = None
 
 
 async def build(cfg: WorkerConfig) -> WorkerApp:
@@ -135,9 +140,24 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         await bus.reply(inc, worker.on_control(msg))
 
     await bus.subscribe(subjects.control(cfg.node), on_control, expect=ControlMsg)
+    metrics = None
+    if cfg.metrics_port is not None:
+        metrics = MetricsServer()
+        metrics.register(WorkerCollector(cfg.node, lambda: worker.last_state, lambda: WorkerCounters(
+            rounds=worker.rounds, limit_changes=worker.limit_changes, latencies=worker.latencies,
+            ignored_latencies=worker.ignored_latencies, bus_dropped=bus.dropped)))
+        node_rounds = metrics.round_seconds.labels(cfg.node)
+        worker.round_observers.append(node_rounds.observe)
+        try:
+            url = metrics.start(cfg.metrics_port, cfg.metrics_addr)
+        except OSError as e:
+            await runtime.close()
+            await bus.close()
+            raise ConfigError(f"metrics: cannot listen on {cfg.metrics_addr}:{cfg.metrics_port}: {e}") from None
+        log.info("metrics on %s", url)
     log.info("worker for node %s: policy %s, runtime %s, %g cores, NATS %s",
              cfg.node, policy.name, cfg.runtime, ctrl.cores, cfg.nats_url)
-    return WorkerApp(cfg, bus, runtime, worker, scenario)
+    return WorkerApp(cfg, bus, runtime, worker, scenario, metrics)
 
 
 async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
@@ -159,6 +179,8 @@ async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         await app.runtime.close()
         await app.bus.drain()
+        if app.metrics is not None:
+            app.metrics.stop()
         log.info("worker for node %s stopped after %d rounds", app.cfg.node, worker.rounds)
 
 

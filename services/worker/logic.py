@@ -66,8 +66,10 @@ class Worker:
         self.latencies = 0
         self.ignored_latencies = 0
         self.limit_changes = 0
-        self.round_durations_s: list[float] = []
-        """Wall seconds each round took since the last time someone took them (metrics)."""
+        self.round_observers: list[Callable[[float], None]] = []
+        """Called with the wall seconds each round took (the metrics histogram)."""
+        self.last_state: NodeState | None = None
+        """The node state last published (immutable; what /metrics reads from its own thread)."""
         self.last_batch_at: dict[str, float] = {}
         self.throttled_ratio: dict[str, float] = {}
         self._throttle_prev: dict[str, Throttling] = {}
@@ -208,12 +210,15 @@ class Worker:
             decision = self.ctrl.run_round(now, totals)
             self.rounds += 1
             await self._apply(decision)
-            self.round_durations_s.append(time.perf_counter() - started)
+            took_s = time.perf_counter() - started
+            for observe in self.round_observers:
+                observe(took_s)
             await self.publish(subjects.decisions(self.node),
                                DecisionMsg.from_decision(decision, self.rounds, self.wall()))
         if decision is not None or self.wall() >= self._next_state_wall:
             await self._read_throttling()
-            await self.publish(subjects.state(self.node), self.node_state())
+            self.last_state = self.node_state()
+            await self.publish(subjects.state(self.node), self.last_state)
             self._next_state_wall = self.wall() + self.state_interval_s
         return decision
 
