@@ -405,3 +405,63 @@ def parse_containers_reply(data: bytes) -> list[ContainerInfo]:
         except Invalid as e:
             raise schema_error("containers", f"[{i}]{e.sub}", e.problem) from None
     return out
+# --- training jobs: `dqoes.submit` ------------------------------------------------------
+
+SUBMIT_FIELDS = ("model", "name", "epochs", "node", "image", "threads", "seed")
+MAX_EPOCHS = 100_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SubmitRequest(Checked):
+    """A training job asked for on `dqoes.submit`: which workload, optionally where and how long.
+
+    `node` asks for a node (the manager checks it is there) instead of letting
+    the policy place the job; `image` is the container image (Docker workers);
+    `name` defaults to one the manager makes up.
+    """
+
+    NAME: ClassVar[str] = "submit"
+
+    model: str = checked(text)
+    name: str | None = checked(optional(ident), default=None)
+    epochs: int | None = checked(optional(integer(1)), default=None)
+    node: str | None = checked(optional(ident), default=None)
+    image: str | None = checked(optional(text), default=None)
+    threads: int | None = checked(optional(integer(1)), default=None)
+    seed: int = checked(integer(0), default=0)
+
+    def _cross_check(self) -> None:
+        if self.epochs is not None and self.epochs > MAX_EPOCHS:
+            raise Invalid(f"must be at most {MAX_EPOCHS}, got {self.epochs}", ".epochs")
+
+    def to_json(self) -> bytes:
+        return orjson.dumps({k: getattr(self, k) for k in SUBMIT_FIELDS if getattr(self, k) is not None})
+
+
+def parse_submit(payload: bytes | bytearray | memoryview) -> SubmitRequest:
+    """Parse a submit request (JSON object or msgpack map) strictly; SchemaError with one line if bad."""
+    try:
+        if not isinstance(payload, bytes | bytearray | memoryview):
+            raise SchemaError(f"payload must be bytes, got {type(payload).__name__}")
+        if len(payload) > MAX_TARGET_BYTES:
+            raise SchemaError(f"payload is {len(payload)} bytes; at most {MAX_TARGET_BYTES} are accepted")
+        data = bytes(payload)
+        if not data.strip():
+            raise SchemaError('empty payload; expected {"model": "cnn", ...}')
+        obj = _load_map(data)
+        if not isinstance(obj, dict):
+            raise SchemaError(f"payload must be a JSON object or msgpack map, got {type(obj).__name__}")
+        unknown = [k for k in obj if k not in SUBMIT_FIELDS]
+        if unknown:
+            raise SchemaError(f"unknown field {show(unknown[0])} (allowed: {', '.join(SUBMIT_FIELDS)})")
+        if "model" not in obj:
+            raise SchemaError("missing field 'model' (vae, cnn, mlp, lstm, gru)")
+        try:
+            return SubmitRequest(**obj)
+        except SchemaError as e:
+            name = e.where.removeprefix(".")
+            raise SchemaError(f"{name}: {e.problem}", where=f".{name}", problem=e.problem) from None
+    except SchemaError:
+        raise
+    except Exception as e:  # the contract is "only SchemaError"
+        raise SchemaError(f"submit: undecodable (internal error: {e!r})") from None

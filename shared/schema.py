@@ -28,7 +28,8 @@ the node state; 3 adds what an operator reads (a container's `met`,
 `throttled_ratio`, `cpu_cores_used`, `last_batch_at`; a node's `met`,
 `cpu_cores_used`, `cpu_cores_idle`), a policy's own parameters by name in
 `control.params`, and the worker's `control_reply` (all new fields optional,
-so v2 bytes decode unchanged). Golden-bytes fixtures in tests/fixtures/golden/
+so v2 bytes decode unchanged), and the training-job types `progress`,
+`job_done`, `training_state`, `launch`, `launch_reply` (FlowCon). Golden-bytes fixtures in tests/fixtures/golden/
 pin the wire format (v1 and v2 fixtures are kept and must still decode).
 
 The public JSON a client speaks (target requests, the cluster summary) is in
@@ -348,9 +349,124 @@ class ControlReply(Checked):
     changed: tuple[str, ...] = checked(tuple_of(text), default=())
 
 
-Message = LatencyEvent | DecisionMsg | NodeState | ObjectiveAssign | ControlMsg | ControlReply
+# --- training jobs (FlowCon; v3 added these types, no field of an older type changed) -------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Progress(Checked):
+    """Training job -> its worker: the evaluation value E after a step or an epoch.
+
+    `value` is E in the job's own unit (a loss: finite, >= 0); `epoch` and
+    `step` count from 0; `cpu_s` is the job's own CPU time so far (0.0: not
+    measured); `at` is when it was measured (absent on the wire: the
+    envelope's ts). A job whose loss is not finite publishes nothing for that
+    step: decoding refuses such a value.
+    """
+
+    TYPE: ClassVar[str] = "progress"
+    NAME: ClassVar[str] = "progress"
+
+    job: str = checked(ident)
+    node: str = checked(ident)
+    value: float = checked(NONNEG)
+    epoch: int = checked(integer(0))
+    step: int = checked(integer(0), default=0)
+    eval_fn: str | None = checked(optional(text), default=None)
+    model: str | None = checked(optional(text), default=None)
+    cpu_s: float = checked(NONNEG, default=0.0)
+    at: float | None = checked(UNIX_S, default=None, from_envelope="ts")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobDone(Checked):
+    """Training job -> its worker: finished (`ok`) or gave up (`ok` false, `reason`)."""
+
+    TYPE: ClassVar[str] = "job_done"
+    NAME: ClassVar[str] = "job_done"
+
+    job: str = checked(ident)
+    node: str = checked(ident)
+    epochs: int = checked(integer(0))
+    duration_s: float = checked(NONNEG)
+    value: float | None = checked(optional(NONNEG), default=None)
+    ok: bool = checked(boolean, default=True)
+    reason: str = checked(text, default="")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingJobState(Checked):
+    """One training job in a worker's training state. `limit` is a fraction of the node."""
+
+    NAME: ClassVar[str] = "training_job_state"
+
+    job: str = checked(ident)
+    stage: str = checked(text)
+    model: str | None = checked(optional(text), default=None)
+    value: float | None = checked(optional(NONNEG), default=None)
+    progress: float | None = checked(optional(NONNEG), default=None)
+    growth: float | None = checked(optional(NONNEG), default=None)
+    cpu_cores: float | None = checked(optional(NONNEG), default=None)
+    limit: float | None = checked(optional(POSITIVE), default=None)
+    stale: bool = checked(boolean, default=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingState(Checked):
+    """Worker -> manager and dashboard: the training side of a node after a round (Algorithm 4's input).
+
+    `training_share` is the fraction of the node training jobs may use under
+    the worker's CPU split (docs/training.md); `alpha` FlowCon's threshold
+    (-1: every job completing).
+    """
+
+    TYPE: ClassVar[str] = "training_state"
+    NAME: ClassVar[str] = "training_state"
+
+    node: str = checked(ident)
+    policy: str = checked(text)
+    cores: float = checked(POSITIVE)
+    round: int = checked(integer(0))
+    at: float = checked(UNIX_S)
+    interval_s: float = checked(POSITIVE)
+    training_share: float = checked(POSITIVE)
+    jobs: tuple[TrainingJobState, ...] = checked(tuple_of(nested(TrainingJobState)))
+    alpha: float | None = checked(optional(FINITE), default=None)
+    free_competition: bool = checked(boolean, default=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch(Checked):
+    """Manager -> worker (request): start training job `job` of `model` on this node."""
+
+    TYPE: ClassVar[str] = "launch"
+    NAME: ClassVar[str] = "launch"
+
+    job: str = checked(ident)
+    model: str = checked(text)
+    epochs: int | None = checked(optional(integer(1)), default=None)
+    image: str | None = checked(optional(text), default=None)
+    threads: int | None = checked(optional(integer(1)), default=None)
+    seed: int = checked(integer(0), default=0)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchReply(Checked):
+    """Worker -> manager: whether the job started."""
+
+    TYPE: ClassVar[str] = "launch_reply"
+    NAME: ClassVar[str] = "launch_reply"
+
+    ok: bool = checked(boolean)
+    node: str = checked(ident)
+    job: str = checked(ident)
+    error: str = checked(text, default="")
+
+
+Message = (LatencyEvent | DecisionMsg | NodeState | ObjectiveAssign | ControlMsg | ControlReply | Progress | JobDone
+           | TrainingState | Launch | LaunchReply)
 MESSAGE_TYPES: dict[str, type[Any]] = {
-    cls.TYPE: cls for cls in (LatencyEvent, DecisionMsg, NodeState, ObjectiveAssign, ControlMsg, ControlReply)
+    cls.TYPE: cls for cls in (LatencyEvent, DecisionMsg, NodeState, ObjectiveAssign, ControlMsg, ControlReply,
+                              Progress, JobDone, TrainingState, Launch, LaunchReply)
 }
 M = TypeVar("M")
 

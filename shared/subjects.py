@@ -61,9 +61,16 @@ OBJECTIVES_ALL = f"{PREFIX}.objectives.*"
 CONTROL_ALL = f"{PREFIX}.control.*"
 
 KV_OBJECTIVES = "dqoes_objectives"
+
+SUBMIT = f"{PREFIX}.submit"
+"""Clients -> manager (request/reply, public JSON): start a training job; the manager places it
+(Algorithm 4 under FlowCon, spread otherwise) and replies naming the node."""
+PROGRESS_ALL = f"{PREFIX}.progress.>"
+TRAINING_ALL = f"{PREFIX}.training.*"
+LAUNCH_ALL = f"{PREFIX}.launch.*"
 """JetStream key-value bucket holding the durable objectives (one key per container)."""
 
-_KINDS_WITH_NODE = ("decisions", "state", "objectives", "control")
+_KINDS_WITH_NODE = ("decisions", "state", "objectives", "control", "training", "launch")
 _FORBIDDEN = frozenset("*>~")
 _KV_KEY_RE = re.compile(r"^[-/_=a-zA-Z0-9]+(\.[-/_=a-zA-Z0-9]+)*$")
 
@@ -139,6 +146,26 @@ def control(node: str) -> str:
     return f"{PREFIX}.control.{token(node, 'node')}"
 
 
+def progress(node: str, job: str) -> str:
+    """Training job -> its worker: evaluation values (`Progress`) and completion (`JobDone`), msgpack."""
+    return f"{PREFIX}.progress.{token(node, 'node')}.{token(job, 'job')}"
+
+
+def progress_of_node(node: str) -> str:
+    """What a worker subscribes to: every training job of its node."""
+    return f"{PREFIX}.progress.{token(node, 'node')}.*"
+
+
+def training(node: str) -> str:
+    """Worker -> manager, dashboard: the node's training state (`TrainingState`, msgpack)."""
+    return f"{PREFIX}.training.{token(node, 'node')}"
+
+
+def launch(node: str) -> str:
+    """Manager -> worker (request/reply): start a training job there (`Launch` -> `LaunchReply`)."""
+    return f"{PREFIX}.launch.{token(node, 'node')}"
+
+
 def parse(subject: str) -> tuple[str, tuple[str, ...]]:
     """Split one of our concrete subjects into (kind, ids), ids decoded.
 
@@ -150,7 +177,7 @@ def parse(subject: str) -> tuple[str, tuple[str, ...]]:
     if len(parts) < 2 or parts[0] != PREFIX:
         raise ValueError(f"not a {PREFIX} subject: {_show(subject)}")
     kind, rest = parts[1], parts[2:]
-    expected = {"latency": 2, "targets": 0, **{k: 1 for k in _KINDS_WITH_NODE}}
+    expected = {"latency": 2, "progress": 2, "targets": 0, "submit": 0, **{k: 1 for k in _KINDS_WITH_NODE}}
     if kind == "cluster" and rest in (["state"], ["query"], ["containers"]):
         return f"cluster.{rest[0]}", ()
     if kind == "targets" and rest in (["get"], ["list"], ["clear"]):

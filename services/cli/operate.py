@@ -32,6 +32,7 @@ from shared.public import (
     ContainerInfo,
     TargetRequest,
     parse_containers_reply,
+    parse_submit,
     parse_target_reply,
 )
 from shared.schema import ControlMsg, ControlReply, SchemaError, decode_as, encode
@@ -216,6 +217,43 @@ def cmd_target_set(args: argparse.Namespace) -> int:
         state = "running" if reply.get("running") else "expected"
         print(f"objective for {reply['container']}: {reply['objective_s']:g} s a batch "
               f"({state} on {where}, revision {reply.get('revision')})")
+    return 0
+
+
+# -- submit: a training job placed by the manager ------------------------------------------------
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    body = {k: v for k, v in (("model", args.model), ("name", args.name), ("epochs", args.epochs),
+                              ("node", args.node), ("image", args.image), ("threads", args.threads),
+                              ("seed", args.seed)) if v is not None}
+    data = orjson.dumps(body)
+    try:  # the manager's own checks, before anything is sent
+        parse_submit(data)
+    except SchemaError as e:
+        raise CliError(str(e)) from None
+
+    async def go() -> dict[str, Any]:
+        bus = await connect(resolve_url(args.nats), "dqoes-submit")
+        try:
+            reply = await bus.request(subjects.SUBMIT, data, timeout_s=args.timeout)
+        except (NoResponders, RequestTimeout):
+            raise CliError(f"no manager answers on {subjects.SUBMIT}") from None
+        finally:
+            await bus.close()
+        try:
+            return parse_target_reply(reply)
+        except SchemaError as e:
+            raise CliError(str(e)) from None
+
+    reply = asyncio.run(go())
+    if not reply["ok"]:
+        return _refused(reply, args.json)
+    if args.json:
+        emit_json(reply)
+    else:
+        print(f"training job {reply['job']} ({reply['model']}) started on {reply['node']} "
+              f"({reply['policy']} placement: {reply['why']})")
     return 0
 
 
@@ -410,6 +448,22 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--every", type=float, default=2.0, help="--watch: seconds between refreshes (default 2)")
     p.add_argument("--count", type=int, default=0, help="--watch: stop after N refreshes (0: until Ctrl-C)")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("submit", help="start a training job where the manager places it (FlowCon's Algorithm 4)",
+                       description="Ask the manager (dqoes.submit) to start a training job: it picks the node "
+                       "(Algorithm 4 under FlowCon, spread under default, or --node) and the node's worker starts "
+                       "it (a process in a cgroup, or a container of --image with Docker). Prints the node.")
+    p.add_argument("model", help="vae, cnn, mlp, lstm or gru")
+    p.add_argument("--epochs", type=int, help="epochs to run (default: the workload's)")
+    p.add_argument("--name", help="the job's name (default: made up by the manager)")
+    p.add_argument("--node", help="start it on this node instead of letting the manager choose")
+    p.add_argument("--image", help="Docker workers: the image (default dqoes-workload)")
+    p.add_argument("--threads", type=int, help="pin the job's intra-op threads")
+    p.add_argument("--seed", type=int, help="data and weights seed")
+    p.add_argument("--timeout", type=float, default=40.0, help="seconds to wait for the reply (default 40)")
+    p.add_argument("--nats", help=nats_help)
+    p.add_argument("--json", action="store_true", help="print the reply as one JSON object")
+    p.set_defaults(func=cmd_submit)
 
     t = sub.add_parser("target", help="set, read, list or clear containers' objectives",
                        description="The objective lifecycle over the public subjects dqoes.targets and "

@@ -8,6 +8,7 @@ import sys
 
 from services.manager.app import ManagerConfig, run
 from shared import subjects
+from shared.core import registry
 from shared.settings import add_common, flag, setup_logging
 
 
@@ -24,10 +25,12 @@ def parse(argv: list[str] | None = None) -> ManagerConfig:
     flag(ap, "--metrics-port", "DQOES_METRICS_PORT", None, type=int,
          help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; default: off)")
     flag(ap, "--metrics-addr", "DQOES_METRICS_ADDR", "0.0.0.0", help="address the metrics endpoint listens on")
+    flag(ap, "--placement", "DQOES_PLACEMENT", "flowcon", choices=registry.names("training"),
+         help="where dqoes.submit puts a training job: flowcon (Algorithm 4) or default (spread)")
     a = ap.parse_args(argv)
     return ManagerConfig(nats_url=a.nats, bucket=a.bucket, cluster_interval_s=a.cluster_interval,
                          stale_after_s=a.stale_after, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
-                         log_level=a.log_level, log_format=a.log_format)
+                         placement=a.placement, log_level=a.log_level, log_format=a.log_format)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,10 +8,11 @@ import signal
 from dataclasses import dataclass
 
 from services.manager.logic import Manager
+from services.manager.placement import Placer
 from shared import subjects
 from shared.bus import KV, Bus, BusError, Incoming
 from shared.metrics import ManagerCollector, ManagerCounters, MetricsServer
-from shared.schema import NodeState
+from shared.schema import Launch, LaunchReply, NodeState, SchemaError, TrainingState, decode_as
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +26,9 @@ class ManagerConfig:
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: a free one); None: off."""
     metrics_addr: str = "0.0.0.0"
+    placement: str = "flowcon"
+    """Training policy whose placement `dqoes.submit` uses (flowcon: Algorithm 4; default: spread)."""
+    launch_timeout_s: float = 30.0
     log_level: str = "info"
     log_format: str = "text"
 
@@ -109,7 +113,32 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
         if inc.reply:
             await bus.reply(inc, mgr.on_containers(inc.data))
 
-    await bus.subscribe(subjects.STATE_ALL, on_state, expect=NodeState)
+
+    placer = Placer(cfg.placement, stale_after_s=cfg.stale_after_s)
+
+    async def on_training(ts: TrainingState, _: Incoming) -> None:
+        placer.on_training_state(ts)
+
+    async def launch(node: str, msg: Launch) -> LaunchReply:
+        try:
+            data = await bus.request(subjects.launch(node), msg, timeout_s=cfg.launch_timeout_s)
+        except BusError as e:
+            raise ConnectionError(str(e)) from None
+        try:
+            return decode_as(data, LaunchReply)
+        except SchemaError as e:
+            raise ConnectionError(f"bad reply: {e}") from None
+
+    async def on_submit(inc: Incoming) -> None:
+        await bus.reply(inc, await placer.submit(inc.data, launch))
+
+    async def on_state_any(ns: NodeState, inc: Incoming) -> None:
+        placer.on_node_alive(ns.node, ns.cores)
+        await on_state(ns, inc)
+
+    await bus.subscribe(subjects.STATE_ALL, on_state_any, expect=NodeState)
+    await bus.subscribe(subjects.TRAINING_ALL, on_training, expect=TrainingState)
+    await bus.subscribe_raw(subjects.SUBMIT, on_submit)
     await bus.subscribe_raw(subjects.TARGETS, on_target)
     await bus.subscribe_raw(subjects.TARGETS_GET, on_get)
     await bus.subscribe_raw(subjects.TARGETS_LIST, on_list)

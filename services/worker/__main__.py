@@ -9,6 +9,7 @@ import socket
 import sys
 
 from services.worker.app import WorkerConfig, run
+from services.worker.training import SPLITS
 from shared.core import registry
 from shared.runtime.factory import KINDS
 from shared.settings import add_common, flag, setup_logging
@@ -19,7 +20,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         prog="python -m services.worker",
         description="DQoES worker controller for one node: subscribes to its containers' batch "
         "latencies, runs the control rounds, applies CPU limits and publishes decisions and state.",
-        epilog="policies:\n" + registry.describe(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="policies:\n" + registry.describe() + "\ntraining policies:\n" + registry.describe("training"), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(ap)
     flag(ap, "--node", "DQOES_NODE", socket.gethostname(), help="this node's name")
@@ -47,6 +48,14 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     flag(ap, "--metrics-port", "DQOES_METRICS_PORT", None, type=int,
          help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; default: off)")
     flag(ap, "--metrics-addr", "DQOES_METRICS_ADDR", "0.0.0.0", help="address the metrics endpoint listens on")
+    flag(ap, "--training-policy", "DQOES_TRAINING_POLICY", "flowcon",
+         choices=(*registry.names("training"), "none"),
+         help="policy of the node's training containers (label dqoes.kind=training): flowcon, default "
+         "(no limits) or none (leave them alone)")
+    flag(ap, "--training-split", "DQOES_TRAINING_SPLIT", "inference-first", choices=SPLITS,
+         help="inference-first: training shares what inference leaves (at least one core); shared: no split")
+    flag(ap, "--training-stale", "DQOES_TRAINING_STALE_S", 60.0, type=float,
+         help="seconds without a value before a training job counts as stale")
     a = ap.parse_args(argv)
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")
@@ -60,6 +69,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         initial_interval_s=a.interval, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
         docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,
         require_node_label=a.require_node_label, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
+        training_policy=a.training_policy, training_split=a.training_split, training_stale_s=a.training_stale,
         log_level=a.log_level,
         log_format=a.log_format,
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.worker.logic import Worker
+from services.worker.training import SPLITS, TrainingSide
 from shared import subjects
 from shared.bus import Bus, BusError, Incoming
 from shared.core import registry
@@ -26,7 +27,7 @@ from shared.runtime.base import Runtime, RuntimeFailure
 from shared.runtime.factory import RuntimeSettings, make_runtime
 from shared.scenarios.builtin import load
 from shared.scenarios.spec import Scenario, ScenarioError
-from shared.schema import ControlMsg, LatencyEvent, ObjectiveAssign
+from shared.schema import ControlMsg, JobDone, LatencyEvent, Launch, ObjectiveAssign, Progress
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,12 @@ class WorkerConfig:
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: a free one); None: off."""
     metrics_addr: str = "0.0.0.0"
+    training_policy: str = "flowcon"
+    """Policy of the node's training containers (registry kind "training"); "none": leave them alone."""
+    training_split: str = "inference-first"
+    """How the node's CPU is split between inference and training (services/worker/training.py)."""
+    training_stale_s: float = 60.0
+    """A training job with no value for this long is stale (keeps its list and limit; one log line)."""
     log_level: str = "info"
     log_format: str = "text"
 
@@ -112,6 +119,10 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         scenario = load_scenario(cfg)
         settings = policy_settings(cfg, scenario)
         registry.params_for(cfg.policy, settings)  # a bad policy or value fails before anything starts
+        if cfg.training_policy != "none":
+            registry.build_training(cfg.training_policy)
+        if cfg.training_split not in SPLITS:
+            raise ValueError(f"training split must be one of {', '.join(SPLITS)}")
     except (ScenarioError, ValueError) as e:
         raise ConfigError(str(e)) from None
     bus = await Bus.connect(cfg.nats_url, f"worker-{cfg.node}")
@@ -127,7 +138,12 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         await runtime.start()
         policy = registry.build(cfg.policy, settings, PolicyContext(runtime.latency_curve))
         ctrl = NodeController(cfg.node, runtime.cores, policy)
-        worker = Worker(cfg.node, runtime, ctrl, bus.publish, state_interval_s=cfg.state_interval_s)
+        training = None
+        if cfg.training_policy != "none":
+            training = TrainingSide(cfg.node, runtime, registry.build_training(cfg.training_policy, settings),
+                                    bus.publish, split=cfg.training_split, stale_after_s=cfg.training_stale_s)
+        worker = Worker(cfg.node, runtime, ctrl, bus.publish, state_interval_s=cfg.state_interval_s,
+                        training=training)
         await worker.start()
     except (RuntimeFailure, ValueError, KeyError) as e:
         if runtime is not None:
@@ -155,8 +171,24 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
             await bus.close()
             raise ConfigError(f"metrics: cannot listen on {cfg.metrics_addr}:{cfg.metrics_port}: {e}") from None
         log.info("metrics on %s", url)
-    log.info("worker for node %s: policy %s, runtime %s, %g cores, NATS %s",
-             cfg.node, policy.name, cfg.runtime, ctrl.cores, cfg.nats_url)
+    if training is not None:
+        side = training
+
+        def on_progress(m: Progress | JobDone, _: Any) -> None:
+            if isinstance(m, Progress):
+                side.on_progress(m)
+            else:
+                side.on_done(m)
+            if side.is_due(side.clock()):
+                worker.wake.set()
+
+        async def on_launch(m: Launch, incoming: Any) -> None:
+            await bus.reply(incoming, await side.launch(m, cfg.nats_url))
+
+        await bus.subscribe(subjects.progress_of_node(cfg.node), on_progress, expect=(Progress, JobDone))
+        await bus.subscribe(subjects.launch(cfg.node), on_launch, expect=Launch)
+    log.info("worker for node %s: policy %s, training %s (%s), runtime %s, %g cores, NATS %s",
+             cfg.node, policy.name, cfg.training_policy, cfg.training_split, cfg.runtime, ctrl.cores, cfg.nats_url)
     return WorkerApp(cfg, bus, runtime, worker, scenario, metrics)
 
 

@@ -16,6 +16,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable
 
+from services.worker.training import TrainingSide, is_training
 from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController
@@ -49,8 +50,11 @@ class Worker:
         *,
         state_interval_s: float = 2.0,
         wall: Callable[[], float] = time.time,
+        training: TrainingSide | None = None,
     ) -> None:
         self.node = node
+        self.training = training
+        """Training containers (label dqoes.kind=training) and their policy; None: this worker has none."""
         self.runtime = runtime
         self.ctrl = controller
         self.publish = publish
@@ -157,6 +161,8 @@ class Worker:
     def on_runtime_event(self, ev: RuntimeEvent) -> None:
         if ev.kind == "started":
             self._add(ev.container)
+        elif self.training is not None and self.training.remove(ev.container.name):
+            pass
         else:
             self.last_batch_at.pop(ev.container.name, None)
             self.throttled_ratio.pop(ev.container.name, None)
@@ -165,6 +171,9 @@ class Worker:
         self.wake.set()
 
     def _add(self, c: RuntimeContainer) -> None:
+        if self.training is not None and is_training(c):
+            self.training.add(c)
+            return
         if c.name in self.ctrl.containers:
             return
         if c.label_error:
@@ -215,12 +224,23 @@ class Worker:
                 observe(took_s)
             await self.publish(subjects.decisions(self.node),
                                DecisionMsg.from_decision(decision, self.rounds, self.wall()))
-        if decision is not None or self.wall() >= self._next_state_wall:
+        state_due = decision is not None or self.wall() >= self._next_state_wall
+        if self.training is not None:
+            if await self.training.step(self.inference_reserved()) is None and state_due and self.training.jobs:
+                await self.publish(subjects.training(self.node), self.training.state())
+        if state_due:
             await self._read_throttling()
             self.last_state = self.node_state()
             await self.publish(subjects.state(self.node), self.last_state)
             self._next_state_wall = self.wall() + self.state_interval_s
         return decision
+
+    def inference_reserved(self) -> float:
+        """The fraction of the node the inference containers hold: their limits, else their measured use."""
+        total = 0.0
+        for t in self.ctrl.containers.values():
+            total += t.limit if t.limit is not None else (t.cpu_share or 0.0)
+        return total
 
     async def _cpu_totals(self) -> dict[str, float]:
         try:
@@ -345,7 +365,8 @@ class Worker:
         now = self.clock()
         round_in = (self.ctrl.next_round_at_s - now) / self.time_scale if self.ctrl.managed else math.inf
         state_in = self._next_state_wall - self.wall()
-        return max(0.0, min(round_in, state_in))
+        training_in = self.training.wait_s(self.time_scale) if self.training is not None else math.inf
+        return max(0.0, min(round_in, state_in, training_in))
 
     async def run(self) -> None:
         while not self._stopping:

@@ -253,6 +253,9 @@ class TrainingTracker:
         if name in self._jobs:
             self._jobs[name].limit = limit
 
+    def is_stale(self, name: str) -> bool:
+        return name in self._stale
+
     def newly_stale(self, now_s: float) -> tuple[str, ...]:
         """Jobs that have just gone `stale_after_s` without a value (each reported once)."""
         out = []

@@ -30,6 +30,8 @@ NODE_LABEL = "dqoes.node"
 OBJECTIVE_LABEL = "dqoes.objective_s"
 ALPHA_LABEL = "dqoes.alpha"
 MODEL_LABEL = "dqoes.model"
+KIND_LABEL = "dqoes.kind"
+""""training" marks a training job (governed by the worker's training policy); absent: inference."""
 
 
 class RealClock:
@@ -80,6 +82,37 @@ class RuntimeEvent:
 
     kind: Literal["started", "stopped"]
     container: RuntimeContainer
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchSpec:
+    """A training job to start on this node (`dqoes submit` -> manager -> worker -> runtime)."""
+
+    job: str
+    model: str
+    nats_url: str
+    epochs: int | None = None
+    threads: int | None = None
+    seed: int = 0
+    image: str | None = None
+    """Docker: the image (None: the runtime's default); the cgroup runtime runs no images."""
+
+    def argv(self, node: str, python: str = "python") -> list[str]:
+        """The training process's command line (`python -m services.training ...`)."""
+        out = [python, "-m", "services.training", "--name", self.job, "--node", node, "--model", self.model,
+               "--seed", str(self.seed), "--nats", self.nats_url]
+        if self.epochs is not None:
+            out += ["--epochs", str(self.epochs)]
+        if self.threads is not None:
+            out += ["--threads", str(self.threads)]
+        return out
+
+
+class Launcher(Protocol):
+    """A runtime that can start a training job itself (cgroup, Docker); the simulated one cannot."""
+
+    async def launch(self, spec: LaunchSpec) -> RuntimeContainer:
+        """Start it, labelled as a training job; RuntimeFailure (one line) if it cannot."""
 
 
 class Runtime(Protocol):

@@ -23,6 +23,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,10 +32,12 @@ from typing import Any
 from shared.runtime import cgroupfs
 from shared.runtime.base import (
     ALPHA_LABEL,
+    KIND_LABEL,
     MANAGED_LABEL,
     MODEL_LABEL,
     NODE_LABEL,
     OBJECTIVE_LABEL,
+    LaunchSpec,
     RealClock,
     RuntimeContainer,
     RuntimeEvent,
@@ -58,6 +61,8 @@ class PlannedProcess:
     objective_s: float | None = None
     alpha: float | None = None
     model: str | None = None
+    labels: tuple[tuple[str, str], ...] = ()
+    """Extra labels (e.g. dqoes.kind=training)."""
 
 
 @dataclass(slots=True)
@@ -138,7 +143,8 @@ class CgroupRuntime(RealClock):
             if wait_s > 0:
                 await asyncio.sleep(wait_s)
             try:
-                await self.spawn(p.name, p.argv, objective_s=p.objective_s, alpha=p.alpha, model=p.model)
+                await self.spawn(p.name, p.argv, objective_s=p.objective_s, alpha=p.alpha, model=p.model,
+                                 labels=dict(p.labels))
                 started += 1
             except RuntimeFailure as e:
                 log.warning("container %s not started: %s", p.name, e)
@@ -152,6 +158,7 @@ class CgroupRuntime(RealClock):
         objective_s: float | None = None,
         alpha: float | None = None,
         model: str | None = None,
+        labels: Mapping[str, str] | None = None,
     ) -> RuntimeContainer:
         """Start `argv` as managed workload `name` in its own group (no limit until set_limit)."""
         if self._parent_group is None or self._closed:
@@ -186,7 +193,7 @@ class CgroupRuntime(RealClock):
             cgroupfs.remove_group(group)
             raise RuntimeFailure(f"cannot start {name}: {e}") from e
 
-        labels = {MANAGED_LABEL: "true", NODE_LABEL: self.node}
+        labels = {**(labels or {}), MANAGED_LABEL: "true", NODE_LABEL: self.node}
         for key, value in (
             (OBJECTIVE_LABEL, objective_s),
             (ALPHA_LABEL, alpha),
@@ -210,6 +217,13 @@ class CgroupRuntime(RealClock):
         log.debug("spawned %s (pid %d) in %s", name, process.pid, group.cpu_dir)
         self._publish(RuntimeEvent("started", container))
         return container
+
+    async def launch(self, spec: LaunchSpec) -> RuntimeContainer:
+        """A training job as a process of this Python (`python -m services.training`); no images here."""
+        if spec.image is not None:
+            raise RuntimeFailure(f"unknown image {spec.image!r}: the cgroup runtime runs processes, not images")
+        return await self.spawn(spec.job, spec.argv(self.node, sys.executable), model=spec.model,
+                                labels={KIND_LABEL: "training"})
 
     async def containers(self) -> list[RuntimeContainer]:
         return [self._current(e) for e in self._spawned.values() if e.running]

@@ -40,15 +40,20 @@ import requests.exceptions
 from shared.runtime import cgroupfs
 from shared.runtime.base import (
     ALPHA_LABEL,
+    KIND_LABEL,
     MANAGED_LABEL,
     MODEL_LABEL,
     NODE_LABEL,
     OBJECTIVE_LABEL,
+    LaunchSpec,
     RealClock,
     RuntimeContainer,
     RuntimeEvent,
     RuntimeFailure,
 )
+
+TRAINING_IMAGE = "dqoes-workload"
+"""The image a training job runs when the request names none (`make images` builds it)."""
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +181,31 @@ class DockerRuntime(RealClock):
         log.info(
             "docker runtime for node %s: %g cores, label %s=true", self.node, self.cores, self.label
         )
+
+    async def launch(self, spec: LaunchSpec) -> RuntimeContainer:
+        """Start a training job as a container of `spec.image` on this engine, labelled for this node."""
+        return await self._call(self._launch, spec)
+
+    def _launch(self, spec: LaunchSpec) -> RuntimeContainer:
+        api = self._client()
+        image = spec.image or TRAINING_IMAGE
+        labels = {self.label: "true", NODE_LABEL: self.node, KIND_LABEL: "training", MODEL_LABEL: spec.model}
+        try:
+            api.inspect_image(image)
+        except docker.errors.ImageNotFound:
+            raise RuntimeFailure(f"unknown image {image!r} on node {self.node}") from None
+        except (docker.errors.APIError, requests.exceptions.RequestException) as e:
+            raise RuntimeFailure(f"docker engine unreachable: {_one_line(e)}") from e
+        try:
+            created = api.create_container(
+                image, command=spec.argv(self.node), name=spec.job, labels=labels, detach=True,
+                environment={"DQOES_NODE": self.node, "DQOES_JOB_NAME": spec.job},
+                host_config=api.create_host_config(network_mode="host", init=True),
+            )
+            api.start(created["Id"])
+        except (docker.errors.APIError, requests.exceptions.RequestException) as e:
+            raise RuntimeFailure(f"cannot start training job {spec.job}: {_one_line(e)}") from e
+        return RuntimeContainer(name=spec.job, id=created["Id"], node=self.node, model=spec.model, labels=labels)
 
     async def containers(self) -> list[RuntimeContainer]:
         found = await self._call(self._list_running)

@@ -29,10 +29,16 @@ from shared.schema import (
     ControlMsg,
     ControlReply,
     DecisionMsg,
+    JobDone,
     LatencyEvent,
+    Launch,
+    LaunchReply,
     NodeState,
     ObjectiveAssign,
+    Progress,
     SchemaError,
+    TrainingJobState,
+    TrainingState,
 )
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
@@ -151,9 +157,20 @@ SAMPLES: dict[str, schema.Message] = {
                           params={"dead_band": 0.05}),
     "control_reply": ControlReply(node="node-a", policy="dqoes", ok=True,
                                   params={"alpha": 0.2, "beta": 0.15}, changed=("alpha", "beta")),
+    "progress": Progress(job="job-1", node="node-a", value=1.25, epoch=3, step=120, eval_fn="cross entropy",
+                         model="cnn", cpu_s=4.5, at=1700000000.0),
+    "job_done": JobDone(job="job-1", node="node-a", epochs=30, duration_s=95.5, value=0.05),
+    "training_state": TrainingState(
+        node="node-a", policy="flowcon", cores=4.0, round=7, at=1700000000.0, interval_s=20.0, training_share=0.75,
+        jobs=(TrainingJobState(job="job-1", stage="CL", model="vae", value=160.5, progress=0.01, growth=0.004,
+                               cpu_cores=1.0, limit=0.25),
+              TrainingJobState(job="job-2", stage="NL", model="cnn", limit=1.0, stale=True)),
+        alpha=0.0125, free_competition=False),
+    "launch": Launch(job="job-3", model="gru", epochs=40, image="dqoes-workload", threads=1, seed=2),
+    "launch_reply": LaunchReply(ok=False, node="node-a", job="job-3", error="unknown image 'x'"),
 }
 
-V3_ONLY = {"control_reply"}
+V3_ONLY = {"control_reply", "progress", "job_done", "training_state", "launch", "launch_reply"}
 """Message types that did not exist before version 3 (no older fixtures)."""
 OLD_KINDS = sorted(set(SAMPLES) - V3_ONLY)
 
@@ -176,6 +193,11 @@ MESSAGE_CLASSES = {
     "objective": ObjectiveAssign,
     "control": ControlMsg,
     "control_reply": ControlReply,
+    "progress": Progress,
+    "job_done": JobDone,
+    "training_state": TrainingState,
+    "launch": Launch,
+    "launch_reply": LaunchReply,
 }
 
 

@@ -1,0 +1,1 @@
+"""Real training workloads (torch, data generated in the job) that publish their evaluation values."""
