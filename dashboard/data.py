@@ -70,13 +70,16 @@ CONTAINER_COLUMNS: tuple[str, ...] = (
     "latency_s",
     "limit",
     "cpu_share",
+    "throttled_ratio",
 )
 """One container in one sample. `cls` is G, S, B, "pending" (no batch yet)
-or "unmanaged" (no objective: seen, not controlled)."""
+or "unmanaged" (no objective: seen, not controlled); `throttled_ratio` the
+share of CFS periods it was throttled in (NaN: not measured, as in the
+simulator and in timelines recorded before schema v3)."""
 
 _FLOAT_ROUND = ("t_s", "at", "node_round", "cores", "slack_sum_g_s", "slack_sum_s_s", "slack_sum_b_s", "interval_s")
 _INT_ROUND = ("round", "satisfied", "G", "S", "B", "pending", "containers")
-_FLOAT_CONTAINER = ("t_s", "objective_s", "slack_s", "latency_s", "limit", "cpu_share")
+_FLOAT_CONTAINER = ("t_s", "objective_s", "slack_s", "latency_s", "limit", "cpu_share", "throttled_ratio")
 _TEXT_ROUND = ("node", "policy", "listener", "event")
 _TEXT_CONTAINER = ("node", "container", "model", "cls")
 
@@ -186,6 +189,7 @@ def state_rows(
             c.latency_s,
             c.limit,
             c.cpu_share,
+            c.throttled_ratio,
         )
         for c in ns.containers
     ]

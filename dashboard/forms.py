@@ -91,10 +91,40 @@ def validate_target(
     return FormResult(body=body)
 
 
+def validate_clear(container: str | None) -> FormResult:
+    """The clear request for the form's container field: {"container": name}, or what to fix."""
+    name = (container or "").strip()
+    if not name:
+        return FormResult(error="container: required to clear its objective (the container's name or id)")
+    try:
+        subjects.validate_id(name, "container")
+    except ValueError as e:
+        return FormResult(error=str(e))
+    return FormResult(body={"container": name})
+
+
+def submit_clear(
+    container: str | None,
+    to: Sequence[str],
+    send: Callable[[str, dict[str, Any]], dict[str, Any]] | None,
+) -> list[tuple[str, dict[str, Any]]]:
+    """What pressing "Clear objective" does (`send` is `Collector.request_clear`); as `submit`."""
+    checked = validate_clear(container)
+    if not checked.ok:
+        return [("", not_sent(f"{checked.error} (nothing was sent)"))]
+    if send is None or not to:
+        return [("", not_sent("no cluster to send to: nothing was sent"))]
+    assert checked.body is not None
+    return [(label, send(label, checked.body)) for label in to]
+
+
 def describe_reply(reply: dict[str, Any]) -> str:
-    """One line for a target reply: what was stored, or why it was refused."""
+    """One line for a target reply: what was stored or cleared, or why it was refused."""
     if not reply.get("ok"):
         return f"refused: {reply.get('error', 'no reason given')}"
+    if reply.get("cleared"):
+        return (f"objective for {reply.get('container')} cleared: unmanaged now, its CPU limit "
+                "released (unless it carries its own dqoes.objective_s label)")
     node = reply.get("node") or "no node yet"
     state = "running" if reply.get("running") else "expected"
     objective = reply.get("objective_s")

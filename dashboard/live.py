@@ -252,6 +252,8 @@ class SourceSnapshot:
     states: int
     """Node states received so far."""
     version: int
+    latest: dict[str, NodeState] = field(default_factory=dict)
+    """The newest node state of each node (parameters in force)."""
 
     @property
     def has_data(self) -> bool:
@@ -460,16 +462,21 @@ class Collector:
                         cluster=h.cluster,
                         states=h.states,
                         version=h.version,
+                        latest=dict(h.latest),
                     )
                 )
         return Snapshot(tuple(out), self.wall())
 
     # -- target requests ---------------------------------------------------------------------
 
+    def request_clear(self, label: str, body: dict[str, Any], timeout_s: float = 3.0) -> dict[str, Any]:
+        """Send `body` ({"container": ...}) to `dqoes.targets.clear` of cluster `label`; the reply."""
+        return self.request_target(label, body, timeout_s, subject=subjects.TARGETS_CLEAR)
+
     def request_target(
-        self, label: str, body: dict[str, Any], timeout_s: float = 3.0
+        self, label: str, body: dict[str, Any], timeout_s: float = 3.0, subject: str = subjects.TARGETS
     ) -> dict[str, Any]:
-        """Send `body` to `dqoes.targets` of cluster `label`; the manager's reply.
+        """Send `body` to `dqoes.targets` (or `subject`) of cluster `label`; the manager's reply.
 
         Never raises for bus trouble: no cluster, no manager and timeouts
         come back as {"ok": false, "error": ..., "answered": false}, which
@@ -482,13 +489,13 @@ class Collector:
         if feed.bus is None or loop is None or loop.is_closed():
             return not_sent(f"not connected to {feed.url}: nothing was sent")
         fut = asyncio.run_coroutine_threadsafe(
-            _request(feed.bus, orjson.dumps(body), timeout_s), loop
+            _request(feed.bus, orjson.dumps(body), timeout_s, subject), loop
         )
         try:
             return fut.result(timeout_s + 2.0)
         except TimeoutError:
             fut.cancel()
-            return not_sent(f"no reply on {subjects.TARGETS} within {timeout_s:g} s")
+            return not_sent(f"no reply on {subject} within {timeout_s:g} s")
 
 
 # --- collectors started with the server -------------------------------------------------
@@ -510,13 +517,13 @@ def registered(sources: Sequence[tuple[str, str]]) -> Collector | None:
         return _registry.get(tuple(sources))
 
 
-async def _request(bus: Bus, payload: bytes, timeout_s: float) -> dict[str, Any]:
+async def _request(bus: Bus, payload: bytes, timeout_s: float, subject: str = subjects.TARGETS) -> dict[str, Any]:
     try:
-        data = await bus.request(subjects.TARGETS, payload, timeout_s=timeout_s)
+        data = await bus.request(subject, payload, timeout_s=timeout_s)
     except NoResponders:
-        return not_sent(f"no manager answers on {subjects.TARGETS} at {bus.url}")
+        return not_sent(f"no manager answers on {subject} at {bus.url}")
     except RequestTimeout:
-        return not_sent(f"no reply on {subjects.TARGETS} within {timeout_s:g} s")
+        return not_sent(f"no reply on {subject} within {timeout_s:g} s")
     except BusError as e:
         return not_sent(str(e))
     try:

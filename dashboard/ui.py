@@ -181,11 +181,15 @@ def show_live(snapshot: Snapshot) -> None:
         + f" | refreshed {time.strftime('%H:%M:%S', time.localtime(snapshot.taken_at))}"
     )
     show_runs(views.compare_order([s.run for s in ready]), now_at=snapshot.taken_at)
+    st.markdown("**Policy parameters in force** (`dqoes control` reads and sets them)")
+    cols = st.columns(len(ready))
+    for col, s in zip(cols, ready, strict=True):
+        col.dataframe(views.params_table(s.latest), hide_index=True)
 
 
 def objective_form(col: Any, coll: Collector | None, labels: Sequence[str]) -> None:
-    """Set a container's objective through `dqoes.targets`; checked here first, reply shown."""
-    col.subheader("Set an objective")
+    """Set or clear a container's objective (`dqoes.targets`, `.clear`); checked here first, reply shown."""
+    col.subheader("Set or clear an objective")
     with col.form("objective", clear_on_submit=False):
         all_label = "all stacks"
         choices = list(labels) + ([all_label] if len(labels) > 1 else [])
@@ -197,12 +201,17 @@ def objective_form(col: Any, coll: Collector | None, labels: Sequence[str]) -> N
         container = st.text_input("container", placeholder="c01")
         objective = st.text_input("objective (seconds per batch)", placeholder="30")
         alpha = st.text_input("alpha (optional, 0 < alpha < 1)", placeholder="node default")
-        sent = st.form_submit_button("Set objective")
+        buttons = st.columns(2)
+        sent = buttons[0].form_submit_button("Set objective")
+        clear = buttons[1].form_submit_button("Clear objective")
+    to = list(labels) if target == all_label else ([str(target)] if target else [])
     if sent:
-        to = list(labels) if target == all_label else ([str(target)] if target else [])
         send = coll.request_target if coll is not None else None
         replies = forms.submit(container, objective, alpha, to, send)
         st.session_state["objective_reply"] = replies
+    elif clear:
+        send = coll.request_clear if coll is not None else None
+        st.session_state["objective_reply"] = forms.submit_clear(container, to, send)
     for label, reply in st.session_state.get("objective_reply", []):
         where = f"{label}: " if label and len(labels) > 1 else ""
         if reply.get("answered") is False:  # checked here, or never reached a manager

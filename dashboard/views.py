@@ -27,7 +27,7 @@ samples where it changes, which loses nothing, and any series longer than
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import altair as alt
@@ -35,6 +35,7 @@ import pandas as pd
 
 from dashboard.data import PENDING, UNMANAGED, RunData, policy_name
 from shared.core.measures import plateau
+from shared.schema import NodeState
 
 TOTAL = "total"
 STALE_AFTER_S = 15.0
@@ -191,6 +192,10 @@ def containers_table(run: RunData) -> pd.DataFrame:
     """Every container in its node's latest sample: model, node, objective, latency, class, limit.
 
     `limit (cores)` is the limit times the node's cores; "none": no limit.
+    `met`: latency at or under (1 + alpha) x the objective (class G or S);
+    `in band`: class S; both "-" for pending and unmanaged containers.
+    `throttled`: share of CFS periods throttled since the worker's previous
+    report; "-" where not measured (the simulator).
     """
     c = run.containers
     cols = [
@@ -200,6 +205,9 @@ def containers_table(run: RunData) -> pd.DataFrame:
         "objective (s)",
         "latency (s)",
         "class",
+        "met",
+        "in band",
+        "throttled",
         "slack (s)",
         "limit (share of node)",
         "limit (cores)",
@@ -219,6 +227,9 @@ def containers_table(run: RunData) -> pd.DataFrame:
             "objective (s)": now["objective_s"].round(2).to_numpy(),
             "latency (s)": now["latency_s"].round(2).to_numpy(),
             "class": now["cls"].to_numpy(),
+            "met": [_yes_no(k in ("G", "S"), k) for k in now["cls"]],
+            "in band": [_yes_no(k == "S", k) for k in now["cls"]],
+            "throttled": [_fmt_ratio(x) for x in now["throttled_ratio"]],
             "slack (s)": now["slack_s"].round(2).to_numpy(),
             "limit (share of node)": [_fmt_limit(x, 3) for x in limit],
             "limit (cores)": [
@@ -229,6 +240,23 @@ def containers_table(run: RunData) -> pd.DataFrame:
         }
     )
     return out.sort_values(["node", "container"], kind="stable").reset_index(drop=True)
+
+
+def _yes_no(yes: bool, cls: object) -> str:
+    return "yes" if yes else ("no" if cls in ("G", "S", "B") else "-")
+
+
+def _fmt_ratio(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return f"{100 * x:.0f}%"
+
+
+def params_table(states: Mapping[str, NodeState]) -> pd.DataFrame:
+    """Each node's policy parameters in force (what `dqoes control` reads and sets)."""
+    rows = [{"node": n, "policy": ns.policy, **{k: round(v, 4) for k, v in sorted(ns.params.items())}}
+            for n, ns in sorted(states.items())]
+    return pd.DataFrame(rows) if rows else pd.DataFrame(columns=["node", "policy"])
 
 
 def _fmt_limit(x: float, digits: int) -> str:

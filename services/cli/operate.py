@@ -299,8 +299,8 @@ def cmd_target_clear(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(reply)
     else:
-        print(f"objective for {reply['container']} cleared (was {reply['previous_objective_s']:g} s); "
-              "it is unmanaged now and its CPU limit is released")
+        print(f"objective for {reply['container']} cleared (was {reply['previous_objective_s']:g} s): "
+              "unmanaged now, its CPU limit released (unless it carries its own dqoes.objective_s label)")
     return 0
 
 

@@ -123,6 +123,18 @@ def test_unmanaged_and_pending_containers_are_named_so():
     assert classes == [data.PENDING, data.UNMANAGED]
 
 
+def test_throttling_is_carried_into_the_containers_table():
+    ns = NodeState(
+        node="n1", policy="dqoes", cores=2.0, round=3, at=1.7e9, interval_s=10.0, slack_sum_g_s=0.0,
+        slack_sum_b_s=0.0, satisfied=0, members={"G": (), "S": (), "B": (), "pending": ("a",)},
+        containers=(ContainerState(container="a", objective_s=5.0, throttled_ratio=0.5),
+                    ContainerState(container="b", managed=False)),
+    )
+    _, rows = data.state_rows(ns, 1, 0.0)
+    frame = data.containers_frame(rows)
+    assert frame["throttled_ratio"].iloc[0] == 0.5 and math.isnan(frame["throttled_ratio"].iloc[1])
+
+
 # --- the objective form's checks -------------------------------------------------------------
 
 
@@ -220,3 +232,21 @@ def test_settings_from_arguments_then_environment():
     with pytest.raises(ValueError, match="unique"):
         config.parse(["--source", "a=nats://x:1", "--source", "a=nats://y:1"], {})
     assert config.source_args([("a", "nats://x:1")]) == ["--source", "a=nats://x:1"]
+
+
+def test_clearing_sends_only_a_checked_container_to_the_chosen_stacks():
+    sent = []
+
+    def send(label, body):
+        sent.append((label, body))
+        return {"ok": True, "container": body["container"], "cleared": True}
+
+    assert forms.submit_clear("  ", ["dqoes"], send)[0][1]["error"].startswith("container: required")
+    assert "whitespace" in forms.submit_clear("a b", ["dqoes"], send)[0][1]["error"]
+    assert forms.submit_clear("c1", [], send)[0][1]["answered"] is False
+    assert sent == []
+    [(label, reply)] = forms.submit_clear(" c1 ", ["dqoes"], send)
+    assert label == "dqoes" and sent == [("dqoes", {"container": "c1"})]
+    assert forms.describe_reply(reply) == (
+        "objective for c1 cleared: unmanaged now, its CPU limit released "
+        "(unless it carries its own dqoes.objective_s label)")

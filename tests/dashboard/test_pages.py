@@ -165,8 +165,14 @@ def test_live_page_shows_the_cluster_and_the_form_talks_to_its_manager(monkeypat
     rerun_until(at, lambda a: a.metric and a.dataframe and len(a.dataframe[2].value) == 6)
     (metric,) = at.metric
     assert metric.label == "DQoES: satisfied" and metric.value.endswith(" of 6")
-    summary, listener, containers = (d.value for d in at.dataframe)
+    summary, listener, containers, params = (d.value for d in at.dataframe)
     assert list(summary["node"]) == ["node-a", "node-b", "total"]
+    assert {"met", "in band", "throttled"} <= set(containers.columns)
+    assert set(containers["throttled"]) == {"-"}  # the simulated runtime measures no throttling
+    for _, row in containers.iterrows():
+        assert row["met"] == {"G": "yes", "S": "yes", "B": "no"}.get(row["class"], "-")
+        assert row["in band"] == {"G": "no", "S": "yes", "B": "no"}.get(row["class"], "-")
+    assert list(params["node"]) == ["node-a", "node-b"] and list(params["alpha"]) == [0.1, 0.1]
     assert int(metric.value.split()[0]) == summary["satisfied"].iloc[-1]
     assert sorted(containers["container"]) == ["c1", "c2", "c3", "c4", "c5", "c6"]
     assert set(containers["model"]) == {"small"}
@@ -206,6 +212,22 @@ def test_live_page_shows_the_cluster_and_the_form_talks_to_its_manager(monkeypat
             {"container": "ghost", "objective": 12.0},
         ]
 
+    with BusTap(small_stack.url, subjects.TARGETS_CLEAR) as tap:
+        field(at, "container").input("c3")
+        next(b for b in at.button if b.label == "Clear objective").click()
+        at.run()
+        assert not at.exception, at.exception
+        (ok,) = texts(at.success)
+        assert ok == ("objective for c3 cleared: unmanaged now, its CPU limit released "
+                      "(unless it carries its own dqoes.objective_s label)")
+        field(at, "container").input("c3")
+        next(b for b in at.button if b.label == "Clear objective").click()
+        at.run()
+        (err,) = texts(at.error)
+        assert err == "refused: no objective stored for 'c3'"
+        time.sleep(0.3)
+        assert [orjson.loads(m) for m in tap.messages] == [{"container": "c3"}, {"container": "c3"}]
+
 
 @pytest.fixture(scope="module")
 def default_stack(tmp_path_factory, small_stack):
@@ -223,7 +245,7 @@ def test_twin_runs_side_by_side_on_the_same_axes(monkeypatch, small_stack, defau
     assert [m.label for m in at.metric] == ["DQoES: satisfied", "default Swarm: satisfied"]
     headline, form = texts(at.subheader)
     assert headline.startswith("DQoES satisfied ") and " of 6 containers, default Swarm " in headline
-    assert form == "Set an objective"
+    assert form == "Set or clear an objective"
     charts = specs(at)
     assert len(charts) == 9  # both runs on one axis, then four figures each side by side
     assert [len(c["hconcat"]) for c in charts[:1]] == [2]  # the runs figure: counts, CPU split

@@ -185,6 +185,34 @@ def test_containers_table_is_each_nodes_latest_sample():
             assert row["latency (s)"] == round(c.latency_s, 2)
             assert row["limit (share of node)"] == f"{c.limit:.3f}"
             assert row["limit (cores)"] == f"{c.limit * ns.cores:.2f}"
+            assert row["met"] == ("yes" if c.cls.value in "GS" else "no")
+            assert row["in band"] == ("yes" if c.cls.value == "S" else "no")
+
+
+def test_containers_table_shows_met_in_band_and_throttling():
+    rows = [
+        {"kind": "meta", "policy": "dqoes", "nodes": {"n1": 2.0}},
+        {"kind": "round", "t_s": 0.0, "node": "n1", "round": 1, "satisfied": 1, "G": 1,
+         "S": 1, "B": 1, "pending": 1, "slack_sum_g_s": 1.0, "slack_sum_b_s": -1.0, "interval_s": 10.0},
+        *({"kind": "container", "t_s": 0.0, "node": "n1", "round": 1, "container": name, "cls": cls,
+           "objective_s": 1.0, "throttled_ratio": ratio}
+          for name, cls, ratio in (("g", "G", 0.0), ("s", "S", 0.25), ("b", "B", 0.9), ("p", None, None))),
+        {"kind": "container", "t_s": 0.0, "node": "n1", "round": 1, "container": "u", "objective_s": None},
+    ]
+    t = views.containers_table(data.run_from_rows(rows, "t")).set_index("container")
+    assert dict(t["met"]) == {"g": "yes", "s": "yes", "b": "no", "p": "-", "u": "-"}
+    assert dict(t["in band"]) == {"g": "no", "s": "yes", "b": "no", "p": "-", "u": "-"}
+    assert dict(t["throttled"]) == {"g": "0%", "s": "25%", "b": "90%", "p": "-", "u": "-"}
+
+
+def test_params_table_lists_each_nodes_parameters_in_force():
+    h = _history(nodes=2, per_node=2, rounds=2)
+    t = views.params_table(h.latest)
+    assert list(t["node"]) == sorted(h.latest)
+    ns = h.latest[t["node"][0]]
+    for k, v in ns.params.items():
+        assert t[k][0] == round(v, 4)
+    assert views.params_table({}).empty
 
 
 def test_no_limit_reads_none_and_is_drawn_at_the_whole_node():

@@ -149,6 +149,16 @@ def test_live_run_in_a_real_browser(browser, tmp_path):
         page.get_by_text(re.compile(r"objective for c3: 30 s a batch \(running on node-a")).wait_for(
             timeout=20_000
         )
+        # The container table shows met, in band and throttling for every container.
+        grid = page.locator('[data-testid="stDataFrame"]').filter(has_text="in band")
+        poll(page, lambda: grid.count() == 1, 30, "the containers table with its in band column")
+        headers = grid.first.locator('[role="columnheader"]').all_inner_texts()
+        assert {"met", "in band", "throttled"} <= {h.strip() for h in headers}, headers
+        cells = grid.first.locator('[role="gridcell"]').all_inner_texts()
+        assert {"yes", "no"} & {c.strip() for c in cells}, cells
+        # Clearing through the same form.
+        page.get_by_role("button", name="Clear objective").click()
+        page.get_by_text("objective for c3 cleared: unmanaged now").wait_for(timeout=20_000)
         no_exception(page)
         page.screenshot(path=str(tmp_path / "live.png"))
         assert (tmp_path / "live.png").stat().st_size > 10_000
