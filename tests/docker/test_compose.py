@@ -140,6 +140,9 @@ def test_the_compose_file_is_valid(version):
     assert cfg.count("dqoes.node: node-a") == 3 and cfg.count("dqoes.node: node-b") == 3
     assert cfg.count("DQOES_REQUIRE_NODE_LABEL: '1'") + cfg.count('DQOES_REQUIRE_NODE_LABEL: "1"') == 2
     assert "127.0.0.1" in cfg and "${" not in cfg
+    # Prometheus /metrics of the manager and both workers, published on the host's loopback.
+    assert cfg.count("DQOES_METRICS_PORT") == 3
+    assert all(port in cfg for port in ("19100", "19101", "19102"))
 
 
 def test_the_stack_file_is_valid_and_needs_the_node_name():

@@ -1,0 +1,60 @@
+// A client of DQoES written against docs/api.md only: nats.js, JSON, the public subjects.
+// It lists the containers, picks one that is running, sets an objective for it, reads it
+// back, clears it and checks it is gone. Prints one JSON line of what it saw; exits 1 on
+// any surprise. Usage: node public_client.mjs nats://127.0.0.1:4222 [objective_s]
+import { connect, JSONCodec } from "nats";
+
+const url = process.argv[2];
+const objective = Number(process.argv[3] ?? "30");
+const jc = JSONCodec();
+
+function fail(why, extra) {
+  console.error(`public_client: ${why}`, extra === undefined ? "" : JSON.stringify(extra));
+  process.exit(1);
+}
+
+async function ask(nc, subject, body) {
+  const payload = body === undefined ? new Uint8Array() : jc.encode(body);
+  const reply = jc.decode((await nc.request(subject, payload, { timeout: 3000 })).data);
+  if (typeof reply.ok !== "boolean") fail(`${subject}: reply without a boolean "ok"`, reply);
+  return reply;
+}
+
+const nc = await connect({ servers: url, name: "nats.js public client" });
+try {
+  const listed = await ask(nc, "dqoes.cluster.containers");
+  if (!listed.ok || !Array.isArray(listed.containers) || listed.containers.length === 0) {
+    fail("no containers listed", listed);
+  }
+  const pick = listed.containers.find((c) => c.latency_s !== null) ?? listed.containers[0];
+  const name = pick.container;
+
+  const set = await ask(nc, "dqoes.targets", { container: name, objective });
+  if (!set.ok || set.objective_s !== objective) fail("set refused", set);
+
+  const got = await ask(nc, "dqoes.targets.get", { container: name });
+  if (!got.ok || got.target.objective_s !== objective || got.target.container !== name) {
+    fail("get does not read back what was set", got);
+  }
+  const all = await ask(nc, "dqoes.targets.list", {});
+  if (!all.ok || !all.targets.some((t) => t.container === name)) fail("list misses it", all);
+
+  const typo = await ask(nc, "dqoes.targets.get", { contaner: name });
+  if (typo.ok || !typo.error.includes("unknown field")) fail("a typo was not refused", typo);
+
+  const cleared = await ask(nc, "dqoes.targets.clear", { container: name });
+  if (!cleared.ok || cleared.cleared !== true) fail("clear refused", cleared);
+  const gone = await ask(nc, "dqoes.targets.get", { container: name });
+  if (gone.ok) fail("still stored after clear", gone);
+
+  console.log(JSON.stringify({
+    containers: listed.containers.length,
+    picked: { container: name, node: pick.node, model: pick.model },
+    set: { objective_s: set.objective_s, node: set.node, revision: set.revision },
+    got: got.target,
+    cleared: { previous_objective_s: cleared.previous_objective_s },
+    after_clear: gone,
+  }));
+} finally {
+  await nc.drain();
+}
