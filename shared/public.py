@@ -76,6 +76,12 @@ class NodeSummary(Checked):
     containers: int = checked(integer(0))
     policy: str = checked(text)
     at: float = checked(UNIX_S)
+    met: int | None = checked(optional(integer(0)), default=None)
+    """Containers at or under (1 + alpha) x their objective (None: a worker too old to say)."""
+    cpu_cores_used: float | None = checked(optional(NONNEG), default=None)
+    """CPU the managed containers used over the last round, in cores."""
+    cpu_cores_idle: float | None = checked(optional(NONNEG), default=None)
+    """The node's cores nobody used over the last round."""
 
 
 def _node_map(value: Any) -> dict[str, NodeSummary]:
@@ -113,6 +119,10 @@ class ClusterState(Checked):
     slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
     containers_total: int = checked(integer(0))
     at: float = checked(UNIX_S)
+    met_total: int | None = checked(optional(integer(0)), default=None)
+    """Met over the nodes that report it (None: none does)."""
+    cpu_cores_used_total: float | None = checked(optional(NONNEG), default=None)
+    cpu_cores_idle_total: float | None = checked(optional(NONNEG), default=None)
 
     def to_json(self) -> bytes:
         """UTF-8 JSON: {"type": "cluster_state", "v": 1, ...fields, "nodes": {...}}."""

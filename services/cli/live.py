@@ -43,23 +43,47 @@ class Observed:
 
     stack: Stack
     series: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    met_series: dict[str, list[tuple[float, int]]] = field(default_factory=dict)
+    cpu_series: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     latest: dict[str, NodeState] = field(default_factory=dict)
 
     def on_state(self, ns: NodeState) -> None:
         self.latest[ns.node] = ns
         t = self.stack.scenario_time_s(ns.at)
         self.series.setdefault(ns.node, []).append((t, ns.satisfied))
+        if ns.met is not None:
+            self.met_series.setdefault(ns.node, []).append((t, ns.met))
+        if ns.cpu_cores_used is not None:
+            self.cpu_series.setdefault(ns.node, []).append((t, ns.cpu_cores_used))
 
     def satisfied_now(self) -> int:
         return sum(s.satisfied for s in self.latest.values())
 
+    def met_now(self) -> int:
+        return sum(s.met or 0 for s in self.latest.values())
+
+    def cpu_now(self) -> float:
+        return sum(s.cpu_cores_used or 0.0 for s in self.latest.values())
+
     def summary(self, end_s: float, window_s: float = 120.0) -> dict[str, Any]:
-        """The simulator's measure: plateau (lower median) of |S| per node over the final window."""
+        """The simulator's measures over the final window, per node and in total.
+
+        met and in band: plateau (lower median) of each count; CPU spent: the
+        mean of the cores the managed containers used, and what was left idle.
+        """
         start = max(0.0, end_s - min(window_s, end_s / 10))
-        per_node = {n.name: plateau(sorted(self.series.get(n.name, [])), start, end_s)
-                    for n in self.stack.spec.scenario.nodes}
-        return {"satisfied_final": sum(per_node.values()), "satisfied_per_node": per_node,
-                "final_window_s": end_s - start}
+        nodes = self.stack.spec.scenario.nodes
+        per_node = {n.name: plateau(sorted(self.series.get(n.name, [])), start, end_s) for n in nodes}
+        met = {n.name: plateau(sorted(self.met_series.get(n.name, [])), start, end_s) for n in nodes}
+        cpu = 0.0
+        for n in nodes:
+            window = [c for t, c in self.cpu_series.get(n.name, []) if start <= t <= end_s]
+            cpu += sum(window) / len(window) if window else 0.0
+        cores = sum(n.cores for n in nodes)
+        return {"met_final": sum(met.values()), "met_per_node": met,
+                "satisfied_final": sum(per_node.values()), "satisfied_per_node": per_node,
+                "cpu_cores_final": round(cpu, 3), "cpu_cores_idle": round(max(0.0, cores - cpu), 3),
+                "cores_total": cores, "final_window_s": end_s - start}
 
 
 async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, every_s: float = 5.0,
@@ -86,7 +110,8 @@ async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, ev
                 for o in obs:
                     per = "/".join(str(o.latest[n.name].satisfied) if n.name in o.latest else "-"
                                    for n in o.stack.spec.scenario.nodes)
-                    parts.append(f"{o.stack.name}: {o.satisfied_now():>3} satisfied ({per})")
+                    parts.append(f"{o.stack.name}: met {o.met_now():>3}, in band {o.satisfied_now():>3} ({per}), "
+                                 f"CPU {o.cpu_now():5.1f}")
                 print(f"t = {t:7.0f} s   " + "   |   ".join(parts), flush=True)
                 next_print = time.monotonic() + every_s
             await wait_event(stop, 0.25)
@@ -186,15 +211,20 @@ def cmd_up(args: argparse.Namespace) -> int:
         if len(obs) == 2:
             d, b = (result["policies"][p]["satisfied_final"] for p in ("dqoes", "default"))
             result["ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
+            d, b = (result["policies"][p]["met_final"] for p in ("dqoes", "default"))
+            result["met_ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
         if args.json:
             emit_json(result)
         else:
             print(f"final (plateau of the last {obs[0].summary(end)['final_window_s']:.0f} s of scenario time):")
             for name, r in result["policies"].items():
                 per = "  ".join(f"{k}: {v}" for k, v in r["satisfied_per_node"].items())
-                print(f"  {name:<8} {r['satisfied_final']:>3} satisfied   ({per})")
-            if result.get("ratio_dqoes_to_default"):
-                print(f"  DQoES / default Swarm: {result['ratio_dqoes_to_default']}x")
+                print(f"  {name:<8} met {r['met_final']:>3}   in band {r['satisfied_final']:>3} ({per})   "
+                      f"CPU spent {r['cpu_cores_final']:.1f} of {r['cores_total']:g} cores")
+            if len(obs) == 2:
+                print("  DQoES / default Swarm: " + ", ".join(
+                    f"{what} {_ratio(*(result['policies'][p][key] for p in ('dqoes', 'default')))}"
+                    for what, key in (("met", "met_final"), ("in band", "satisfied_final"))))
         return 0
     finally:
         if board is not None:
@@ -203,6 +233,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             s.stop()
         with contextlib.suppress(OSError):
             (state_dir() / "up.json").unlink()
+
+
+def _ratio(a: int, b: int) -> str:
+    """a / b as people read it; a denominator of 0 or 1 says so."""
+    if b == 0:
+        return f"no ratio ({a} vs 0)"
+    return f"{a / b:.2f}x" + (f" ({a} vs 1)" if b == 1 else "")
 
 
 def _print_metrics(s: Stack, out: Any = None) -> None:

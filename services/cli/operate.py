@@ -85,15 +85,26 @@ def _ago(at: float | None, now: float) -> str:
     return f"{s:.0f}s ago" if s < 120 else f"{s / 60:.0f}m ago"
 
 
+def _n(x: int | None) -> str:
+    return "-" if x is None else str(x)
+
+
+def _cores(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 def cluster_lines(cs: ClusterState, node: str | None = None) -> list[str]:
-    lines = [f"{'node':<14}{'policy':<9}{'satisfied':>10}{'G':>4}{'S':>4}{'B':>4}{'pend':>6}"
-             f"{'Q_G (s)':>10}{'Q_B (s)':>10}{'interval':>10}"]
+    """The node table: the three numbers (met, in band, CPU used and idle), then classes and Q sums."""
+    lines = [f"{'node':<14}{'policy':<9}{'met':>5}{'in band':>9}{'CPU used':>10}{'idle':>7}"
+             f"{'G':>4}{'S':>4}{'B':>4}{'pend':>6}{'Q_G (s)':>10}{'Q_B (s)':>10}{'interval':>10}"]
     for name, n in cs.nodes.items():
         if node is None or name == node:
-            lines.append(f"{name:<14}{n.policy:<9}{n.satisfied:>10}{n.G:>4}{n.S:>4}{n.B:>4}{n.pending:>6}"
+            lines.append(f"{name:<14}{n.policy:<9}{_n(n.met):>5}{n.satisfied:>9}{_cores(n.cpu_cores_used):>10}"
+                         f"{_cores(n.cpu_cores_idle):>7}{n.G:>4}{n.S:>4}{n.B:>4}{n.pending:>6}"
                          f"{n.slack_sum_g_s:>10.1f}{n.slack_sum_b_s:>10.1f}{n.interval_s:>9.0f}s")
     if node is None:
-        lines.append(f"{'total':<23}{cs.satisfied_total:>10}{cs.G:>4}{cs.S:>4}{cs.B:>4}{cs.pending:>6}"
+        lines.append(f"{'total':<23}{_n(cs.met_total):>5}{cs.satisfied_total:>9}{_cores(cs.cpu_cores_used_total):>10}"
+                     f"{_cores(cs.cpu_cores_idle_total):>7}{cs.G:>4}{cs.S:>4}{cs.B:>4}{cs.pending:>6}"
                      f"{cs.slack_sum_g_s:>10.1f}{cs.slack_sum_b_s:>10.1f}   ({cs.containers_total} containers)")
     return lines
 
@@ -410,8 +421,9 @@ def cmd_watch(args: argparse.Namespace) -> int:
                 emit_json(orjson.loads(cs.to_json()))
             else:
                 per = "  ".join(f"{k}: {v.satisfied}/{v.containers}" for k, v in cs.nodes.items())
-                print(f"{time.strftime('%H:%M:%S')}  satisfied {cs.satisfied_total:>3} of {cs.containers_total:<3} "
-                      f"G {cs.G:<3} S {cs.S:<3} B {cs.B:<3}  {per}", flush=True)
+                print(f"{time.strftime('%H:%M:%S')}  met {_n(cs.met_total):>3}  in band {cs.satisfied_total:>3} "
+                      f"of {cs.containers_total:<3} CPU {_cores(cs.cpu_cores_used_total)} cores "
+                      f"(idle {_cores(cs.cpu_cores_idle_total)})  G {cs.G:<3} S {cs.S:<3} B {cs.B:<3}  {per}", flush=True)
             if args.count and shown[0] >= args.count:
                 stop.set()
 
@@ -436,7 +448,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     nats_help = "NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)"
     p = sub.add_parser("status", help="the cluster: one row per node, then one per container",
-                       description="The cluster summary (satisfied per node, G/S/B, Q values, interval) and, "
+                       description="The cluster summary (met, in band and CPU per node, G/S/B, Q values, interval) and, "
                        "like `docker ps`, every container: node, model, objective and alpha, latest latency, "
                        "whether it meets its objective and is in band, class, CPU limit and use (cores), "
                        "throttled share of CFS periods, last batch.")

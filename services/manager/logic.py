@@ -331,6 +331,9 @@ def aggregate(node_states: Iterable[NodeState], at: float) -> ClusterState:
             containers=len(ns.containers),
             policy=ns.policy,
             at=ns.at,
+            met=ns.met,
+            cpu_cores_used=ns.cpu_cores_used,
+            cpu_cores_idle=ns.cpu_cores_idle,
         )
     summaries = list(nodes.values())
     return ClusterState(
@@ -345,7 +348,18 @@ def aggregate(node_states: Iterable[NodeState], at: float) -> ClusterState:
         slack_sum_b_s=_sum(s.slack_sum_b_s for s in summaries),
         containers_total=sum(s.containers for s in summaries),
         at=at,
+        met_total=_total(s.met for s in summaries),
+        cpu_cores_used_total=_total(s.cpu_cores_used for s in summaries),
+        cpu_cores_idle_total=_total(s.cpu_cores_idle for s in summaries),
     )
+
+
+def _total(xs: Iterable[int | float | None]) -> int | float | None:
+    """The sum of what the nodes report, None when none reports it (older workers)."""
+    known = [x for x in xs if x is not None]
+    if not known:
+        return None
+    return sum(known) if all(isinstance(x, int) for x in known) else _sum(known)
 
 
 def _sum(xs: Iterable[float]) -> float:

@@ -37,6 +37,10 @@ def test_up_runs_a_scenario_and_reports_like_the_simulator(tmp_path):
     assert res["scenario"] == "paper-varied" and res["interrupted"] is False
     assert res["policies"]["dqoes"]["satisfied_per_node"].keys() == {"worker-1"}
     assert res["policies"]["dqoes"]["satisfied_final"] >= 4  # well on its way to 7 by 600 s
+    # The three numbers: met counts every in-band container and those faster than asked.
+    dq = res["policies"]["dqoes"]
+    assert dq["met_per_node"].keys() == {"worker-1"} and dq["met_final"] >= dq["satisfied_final"]
+    assert 0 < dq["cpu_cores_final"] <= dq["cores_total"] and dq["cpu_cores_idle"] >= 0
     for log in (tmp_path / "run" / "dqoes").glob("*.log"):
         assert "Traceback" not in log.read_text(), log
 
@@ -74,6 +78,8 @@ def test_target_set_status_and_watch(stack, tmp_path):
     assert status["type"] == "cluster_state" and "worker-1" in status["nodes"]
     human = dqoes("status", "--nats", stack.url).stdout
     assert "worker-1" in human and "total" in human
+    assert human.splitlines()[0].split()[:6] == ["node", "policy", "met", "in", "band", "CPU"]
+    assert status["met_total"] is not None and status["cpu_cores_used_total"] is not None
 
     r = dqoes("watch", "--nats", stack.url, "--count", "2", "--every", "0.5", "--json", timeout=30)
     lines = [json.loads(x) for x in r.stdout.strip().splitlines()]

@@ -253,7 +253,12 @@ def test_version_2_bytes_still_decode_to_the_sample(kind):
 @pytest.mark.parametrize("version", ["v1", "v2"])
 def test_older_cluster_state_json_still_parses(version):
     old = public.ClusterState.from_json((GOLDEN / version / "cluster_state.json").read_bytes())
-    assert old == aggregate([SAMPLES["node_state"]], at=GOLDEN_TS)
+    # Before the three numbers (met, CPU used and idle) the summary did not carry them.
+    now = aggregate([SAMPLES["node_state"]], at=GOLDEN_TS)
+    blank = {"met": None, "cpu_cores_used": None, "cpu_cores_idle": None}
+    now = dataclasses.replace(now, met_total=None, cpu_cores_used_total=None, cpu_cores_idle_total=None,
+                              nodes={k: dataclasses.replace(v, **blank) for k, v in now.nodes.items()})
+    assert old == now
 
 
 @pytest.mark.parametrize("kind", sorted(SAMPLES))
@@ -876,3 +881,15 @@ def test_numbers_are_floats_after_construction():
     ns = dataclasses.replace(SAMPLES["node_state"], cores=2, slack_sum_g_s=1)
     assert isinstance(ns.cores, float) and isinstance(ns.slack_sum_g_s, float)
     assert math.isclose(ns.cores, 2.0)
+
+
+def test_aggregate_adds_up_the_three_numbers_and_says_when_no_node_reports_them():
+    a = node_state("a", 10.0, met=3, cpu_cores_used=1.5, cpu_cores_idle=0.5)
+    b = node_state("b", 11.0, met=2, cpu_cores_used=2.25, cpu_cores_idle=1.75)
+    old = node_state("c", 11.0, met=None, cpu_cores_used=None, cpu_cores_idle=None)  # a worker before v3
+    c = aggregate([a, b, old], at=20.0)
+    assert (c.nodes["a"].met, c.nodes["b"].cpu_cores_used, c.nodes["c"].met) == (3, 2.25, None)
+    assert c.met_total == 5 and c.cpu_cores_used_total == 3.75 and c.cpu_cores_idle_total == 2.25
+    none = aggregate([old], at=20.0)
+    assert none.met_total is None and none.cpu_cores_used_total is None and none.cpu_cores_idle_total is None
+    assert ClusterState.from_json(c.to_json()) == c
