@@ -64,7 +64,9 @@ images: setup
 	bash .ci/install-docker.sh
 	bash compose/images/build.sh
 
+# Root on a fresh machine: installs the engine (images) and docker-compose when missing.
 compose-demo: setup images
+	bash .ci/install-compose.sh
 	bash compose/demo.sh
 
 swarm-demo: setup images

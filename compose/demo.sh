@@ -131,11 +131,47 @@ echo "compose: $compose_version   project: $project   NATS: $url   cli: ${cli[*]
 save_stdout
 work="$(mktemp -d "${TMPDIR:-/tmp}/dqoes-demo.XXXXXX")"
 up=0
-down() {
+leftovers() {  # what of the project still exists: "container|network|volume NAME" lines
+    local f="label=com.docker.compose.project=$project"
+    docker ps -a --filter "$f" --format 'container {{.Names}}'
+    docker network ls --filter "$f" --format 'network {{.Name}}'
+    docker volume ls --filter "$f" --format 'volume {{.Name}}'
+}
+down() {  # tear the project down completely, or say loudly what is left and return 1
     say "tearing down (project $project)"
     # Workers first, so nothing re-limits a container while it stops.
     compose stop -t 5 worker-a worker-b >/dev/null 2>&1 || true
-    compose down -v --remove-orphans -t 10 2>&1 | grep -v -e '^Stopping' -e '^Removing' -e '^Network' || true
+    local out
+    if ! out="$(compose down -v --remove-orphans -t 10 2>&1)"; then
+        echo "demo.sh: '${compose_cmd[*]} down' failed:" >&2
+        echo "$out" | sed 's/^/    /' >&2
+        # "network ... has active endpoints": a container still attached (stopping, or
+        # not the project's). Force the project's containers out, detach whatever else
+        # holds its networks, then remove what is left by name.
+        local kind name ids
+        ids="$(docker ps -aq --filter "label=com.docker.compose.project=$project")"
+        if [ -n "$ids" ]; then docker rm -f $ids >/dev/null || true; fi
+        while read -r kind name; do
+            case "$kind" in
+                network)
+                    for ids in $(docker network inspect -f '{{range $id, $c := .Containers}}{{$id}} {{end}}' "$name" 2>/dev/null); do
+                        docker network disconnect -f "$name" "$ids" >/dev/null 2>&1 || true
+                    done
+                    docker network rm "$name" >/dev/null || true ;;
+                volume) docker volume rm -f "$name" >/dev/null || true ;;
+            esac
+        done < <(leftovers)
+    else
+        echo "$out" | grep -v -e '^Stopping' -e '^Removing' -e '^Network' -e '^ *Container' -e '^ *Network' -e '^ *Volume' || true
+    fi
+    local left
+    left="$(leftovers)"
+    if [ -n "$left" ]; then
+        echo "demo.sh: TEARDOWN FAILED: project $project left these behind:" >&2
+        echo "$left" | sed 's/^/    /' >&2
+        echo "demo.sh: remove them by hand (docker rm -f / docker network rm / docker volume rm) before the next run" >&2
+        return 1
+    fi
     up=0
 }
 teardown() {
@@ -149,8 +185,8 @@ teardown() {
         fi
         if [ "$keep" = 1 ] && [ "$status" = 0 ]; then
             echo "left running (--keep): ${compose_cmd[*]} -f $compose_file -p $project down -v"
-        else
-            down
+        elif ! down && [ "$status" = 0 ]; then
+            status=1  # a teardown that left something behind fails the demo
         fi
     fi
     rm -rf "$work"
@@ -181,13 +217,24 @@ run_once() {
     local pol="$1"
     local log="$work/samples-$pol.jsonl" objectives="$work/objectives-$pol.txt"
     say "up: policy $pol"
-    compose down -v --remove-orphans >/dev/null 2>&1 || true
+    # A clean store: objectives an earlier run left in its NATS volume would be in force
+    # during the fair-share baseline. Whatever is left of the project goes first, or the
+    # demo stops here.
+    if [ -n "$(leftovers)" ]; then
+        echo "an earlier run of project $project left containers, networks or volumes: removing them"
+        down || die "cannot start from a clean store (see above)"
+    fi
     up=1
     DQOES_POLICY="$pol" compose up -d 2>&1 | grep -v -e '^Creating' -e '^Starting' -e 'is up-to-date' || true
     n_inference=$(managed_ids | wc -l)
     [ "$n_inference" -gt 0 ] || die "no inference container is running"
     wait_for 120 "the manager answers on $url" manager_answers
     wait_for 120 "the workers report all $n_inference inference containers" all_containers_seen
+    local stored
+    stored="$(dqoes target list --nats "$url" --json 2>/dev/null | json_field targets)"
+    [ -n "$stored" ] || die "cannot read the stored objectives (an image older than this CLI? rerun with --build)"
+    [ "$stored" = "[]" ] || die "the objective store is not empty at start: $stored"
+    echo "objective store: empty (a fresh JetStream volume)"
 
     local id name o
     : >"$objectives"

@@ -90,6 +90,35 @@ work="$(mktemp -d "${TMPDIR:-/tmp}/dqoes-swarm.XXXXXX")"
 we_initialised=0
 gwbridge_before=1
 deployed=0
+stack_leftovers() {  # what of the stack still exists: "container|network|volume NAME" lines
+    docker ps -a --filter "label=com.docker.stack.namespace=$stack" --format 'container {{.Names}}'
+    docker network ls --filter "name=^${stack}_default\$" --format 'network {{.Name}}'
+    docker volume ls --filter "name=^${stack}_nats-data\$" --format 'volume {{.Name}}'
+}
+stack_down() {  # remove the stack, its network and its NATS volume, or say loudly what is left
+    say "docker stack rm $stack"
+    docker stack rm "$stack" >/dev/null 2>&1 || true  # "nothing found" when it was never deployed
+    # stack rm returns at once; wait until the tasks and the network are gone.
+    local t0=$SECONDS
+    while [ -n "$(docker ps -aq --filter "label=com.docker.stack.namespace=$stack")" ] \
+        || docker network inspect "${stack}_default" >/dev/null 2>&1; do
+        [ $((SECONDS - t0)) -ge 60 ] && break
+        sleep 1
+    done
+    # The volume outlives the stack (Swarm never removes volumes); its container is gone now.
+    local i
+    for i in 1 2 3 4 5; do
+        docker volume inspect "${stack}_nats-data" >/dev/null 2>&1 || break
+        docker volume rm "${stack}_nats-data" >/dev/null 2>&1 || sleep 1
+    done
+    local left
+    left="$(stack_leftovers)"
+    if [ -n "$left" ]; then
+        echo "swarm-demo.sh: TEARDOWN FAILED: stack $stack left these behind after 60 s:" >&2
+        echo "$left" | sed 's/^/    /' >&2
+        return 1
+    fi
+}
 teardown() {
     local status=$?
     trap - EXIT INT TERM
@@ -102,16 +131,9 @@ teardown() {
                 docker service logs --tail 5 "${stack}_$s" 2>&1 | sed 's/^/    /' >&2 || true
             done
         fi
-        say "docker stack rm $stack"
-        docker stack rm "$stack" || true
-        # stack rm returns at once; wait until the tasks and the network are gone.
-        local t0=$SECONDS
-        while [ -n "$(docker ps -aq --filter "label=com.docker.stack.namespace=$stack")" ] \
-            || docker network inspect "${stack}_default" >/dev/null 2>&1; do
-            [ $((SECONDS - t0)) -ge 60 ] && { echo "swarm-demo.sh: stack not gone after 60 s" >&2; break; }
-            sleep 1
-        done
-        docker volume rm "${stack}_nats-data" >/dev/null 2>&1 || true
+        if ! stack_down && [ "$status" = 0 ]; then
+            status=1  # a teardown that left something behind fails the demo
+        fi
     fi
     if [ "$we_initialised" = 1 ]; then
         echo "leaving the swarm this script created"
@@ -143,6 +165,11 @@ else
 fi
 
 # ---- deploy ------------------------------------------------------------------------
+# A clean store: an earlier run's NATS volume would bring its objectives back.
+if [ -n "$(stack_leftovers)" ]; then
+    echo "an earlier run of stack $stack left containers, a network or its NATS volume: removing them"
+    stack_down || die "cannot start from a clean store (see above)"
+fi
 say "docker stack deploy -c compose/stack.yml $stack (node $node_name, policy $policy)"
 deployed=1
 docker stack deploy -c "$stack_file" "$stack" 2>&1 | grep -v -e '^Since --detach' -e '^In a future release' || true
@@ -166,6 +193,10 @@ all_containers_seen() {
 wait_for 180 "all $n_inference inference tasks run" all_running
 wait_for 120 "the manager answers" manager_answers
 wait_for 120 "the worker reports all $n_inference task containers" all_containers_seen
+stored="$(dqoes target list --nats "$url" --json 2>/dev/null | json_field targets)"
+[ -n "$stored" ] || die "cannot read the stored objectives (an image older than this CLI? make images)"
+[ "$stored" = "[]" ] || die "the objective store is not empty at start: $stored"
+echo "objective store: empty (a fresh JetStream volume)"
 
 objectives="$work/objectives.txt"
 : >"$objectives"
