@@ -114,5 +114,6 @@ def test_the_commands_section_lists_every_sub_command():
 
 def test_the_demo_output_in_the_readme_is_the_demos_format():
     block = README.split("`make demo` starts two deployments", 1)[1].split("```", 2)[1]
-    assert re.search(r"^t = +\d+ s +dqoes: +\d+ satisfied \([\d/]+\) +\| +default: +\d+ satisfied", block, re.M)
-    assert re.search(r"^  DQoES / default Swarm: [\d.]+x$", block, re.M)
+    assert re.search(r"^t = +\d+ s +dqoes: met +\d+, in band +\d+ \([\d/]+\), CPU +[\d.]+ +\| +default: met +\d+",
+                     block, re.M)
+    assert re.search(r"^  DQoES / default Swarm: met [\d.]+x, in band [\d.]+x$", block, re.M)
