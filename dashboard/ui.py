@@ -99,8 +99,9 @@ def show_runs(runs: Sequence[RunData], *, now_at: float | None = None) -> None:
         col.metric(
             f"{run.title}: satisfied",
             f"{f.outcome.satisfied} of {f.outcome.containers}",
-            help=f"satisfied containers, {f.outcome.how}",
+            help=f"satisfied containers (in band, |S|), {f.outcome.how}",
         )
+        col.caption(f.outcome.three_numbers())
     if len(runs) > 1:
         series, split = views.compare_frames(runs)
         st.altair_chart(views.runs_figure(series, split, time_title=runs[0].time_label), width="content")

@@ -171,6 +171,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
     t = pd.DataFrame(
         {
             "node": summary.index,
+            "met": (summary["G"] + summary["S"]).to_numpy(),
             "satisfied": summary["satisfied"].to_numpy(),
             "of": summary["containers"].to_numpy(),
             "G": summary["G"].to_numpy(),
@@ -633,38 +634,61 @@ def calibration_chart(df: pd.DataFrame) -> alt.HConcatChart:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How many containers a run satisfied, of how many, and how that was measured."""
+    """How many containers a run satisfied, of how many, and how that was measured.
+
+    The three numbers a client counts: `met` (latest batch at or under
+    (1 + alpha) x the objective: classes G and S), `satisfied` (in band, |S|)
+    and `cpu_cores` (CPU the managed containers used, of `cores`); None where
+    the run does not tell.
+    """
 
     name: str
     policy: str
     satisfied: int
     containers: int
     how: str
+    met: int | None = None
+    cpu_cores: float | None = None
+    cores: float | None = None
+
+    def three_numbers(self) -> str:
+        """ "met 25 · in band 21 of 40 · CPU 18.4 of 18.4 cores", with "-" for what is not known."""
+        met = "-" if self.met is None else str(self.met)
+        cpu = "-" if self.cpu_cores is None else f"{self.cpu_cores:.1f}"
+        of = f" of {self.cores:g}" if self.cores else ""
+        return f"met {met} · in band {self.satisfied} of {self.containers} · CPU {cpu}{of} cores"
 
 
 def outcome(run: RunData, summary: pd.DataFrame | None = None) -> Outcome:
     """A live run: satisfied now. A recorded one: the simulator's plateau of the final window.
 
-    A finished timeline carries it (`satisfied_final`); otherwise it is
-    computed the same way: the lower median of |S| per node over the last
-    min(120 s, a tenth of the run), summed.
+    A finished timeline carries it (`satisfied_final`, `met_final`,
+    `cpu_cores_final`); otherwise it is computed the same way: the lower
+    median of |S| (and of met) per node over the last min(120 s, a tenth of
+    the run), summed, and the mean CPU used over that window.
     """
     name = policy_name(run.policy) if run.policy else run.label
+    cores = float(sum(run.nodes.values())) or None
     if run.live:
         s = summary if summary is not None else node_summary(run)
-        return Outcome(
-            name, run.policy, int(s.loc[TOTAL, "satisfied"]), run.containers_total, "now"
-        )
+        met = int(s.loc[TOTAL, "G"] + s.loc[TOTAL, "S"])
+        return Outcome(name, run.policy, int(s.loc[TOTAL, "satisfied"]), run.containers_total, "now",
+                       met=met, cpu_cores=_cpu_used(run, latest_only=True), cores=cores)
     res = run.result or {}
     if isinstance(res.get("satisfied_final"), int):
         window = res.get("final_window_s")
         how = f"plateau of the last {window:g} s" if isinstance(window, int | float) else "final"
+        met = res.get("met_final")
+        cpu = res.get("cpu_cores_final")
         return Outcome(
             name,
             run.policy,
             int(res["satisfied_final"]),
             int(res.get("containers") or run.containers_total),
             how,
+            met=met if isinstance(met, int) else None,
+            cpu_cores=float(cpu) if isinstance(cpu, int | float) else None,
+            cores=float(res.get("cores_total") or 0) or cores,
         )
     r = run.rounds
     if r.empty:
@@ -672,14 +696,31 @@ def outcome(run: RunData, summary: pd.DataFrame | None = None) -> Outcome:
     end = float(r["t_s"].max())
     begin = float(r["t_s"].min())
     start = max(begin, end - min(FINAL_WINDOW_S, (end - begin) / 10))
-    total = 0
+    total = met = 0
     for _, g in r.groupby("node", sort=True):
-        total += plateau(
-            list(zip(g["t_s"].tolist(), g["satisfied"].tolist(), strict=True)), start, end
-        )
+        t = g["t_s"].tolist()
+        total += plateau(list(zip(t, g["satisfied"].tolist(), strict=True)), start, end)
+        met += plateau(list(zip(t, (g["G"] + g["S"]).tolist(), strict=True)), start, end)
     return Outcome(
-        name, run.policy, total, run.containers_total, f"plateau of the last {end - start:.0f} s"
+        name, run.policy, total, run.containers_total, f"plateau of the last {end - start:.0f} s",
+        met=met, cpu_cores=_cpu_used(run, since_t_s=start), cores=cores,
     )
+
+
+def _cpu_used(run: RunData, *, latest_only: bool = False, since_t_s: float = -math.inf) -> float | None:
+    """Cores the containers used: at each node's latest sample, or the mean per sample since a time."""
+    c = run.containers
+    if c.empty or c["cpu_share"].isna().all():
+        return None
+    if latest_only:
+        last = c.groupby("node")["round"].transform("max")
+        c = c[c["round"] == last]
+    else:
+        c = c[c["t_s"] >= since_t_s]
+    cores = c["node"].map(run.nodes).astype(float)
+    used = (c["cpu_share"] * cores).groupby([c["node"], c["round"]]).sum(min_count=1)
+    per_node = used.groupby(level=0).mean()
+    return float(per_node.sum()) if per_node.notna().any() else None
 
 
 def _ratio(x: float) -> str:

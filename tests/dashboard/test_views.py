@@ -59,6 +59,12 @@ def test_outcome_is_the_simulators_plateau_with_or_without_the_result_line(sim_r
         unfinished = data.run_from_rows(rows, "unfinished")
         assert unfinished.result is None
         assert views.outcome(unfinished).satisfied == res.satisfied_final, policy
+        # The three numbers: met and CPU from the result line, and computed alike without it.
+        assert o.met == res.met_final and o.cpu_cores == pytest.approx(res.cpu_cores_final, abs=1e-3), policy
+        assert o.three_numbers().startswith(f"met {res.met_final} · in band {res.satisfied_final} of 40 · CPU ")
+        again = views.outcome(unfinished)
+        assert again.met == res.met_final, policy
+        assert again.cpu_cores is not None and abs(again.cpu_cores - res.cpu_cores_final) <= 0.05 * res.cores_total
 
 
 def test_comparison_states_the_ratio_plainly(sim_runs):
