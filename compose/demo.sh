@@ -114,6 +114,7 @@ compose() { "${compose_cmd[@]}" -f "$compose_file" -p "$project" "$@"; }
 compose_version="${compose_cmd[*]} $("${compose_cmd[@]}" version --short 2>/dev/null || echo '?')"
 
 ensure_images "$build"
+ensure_credentials "compose-$project" "${DQOES_NODE_A:-node-a}" "${DQOES_NODE_B:-node-b}"
 
 if [ -n "${DQOES_CLI:-}" ]; then
     read -r -a cli <<<"$DQOES_CLI"
@@ -122,7 +123,7 @@ elif [ -x "$repo/.venv/bin/dqoes" ]; then
 elif command -v dqoes >/dev/null 2>&1; then
     cli=(dqoes)
 else  # the control-plane image has the CLI; host networking reaches 127.0.0.1:$port
-    cli=(docker run --rm -i --network host dqoes:latest dqoes)
+    cli=(docker run --rm -i --network host -e DQOES_NATS_CREDS -v "$DQOES_AUTH_DIR:$DQOES_AUTH_DIR:ro" dqoes:latest dqoes)
 fi
 dqoes() { "${cli[@]}" "$@"; }
 echo "compose: $compose_version   project: $project   NATS: $url   cli: ${cli[*]}"

@@ -41,6 +41,21 @@ py=python3
 [ -x "$repo/.venv/bin/python" ] && py="$repo/.venv/bin/python"
 progress() { "$py" "$here/progress.py" "$@"; }
 
+# Credentials (docs/security.md): made once per deployment name, kept outside the
+# repository ($DQOES_AUTH_DIR, else ~/.local/state/dqoes/NAME/auth), for the given
+# nodes. Exports DQOES_AUTH_DIR (the compose files mount from it) and
+# DQOES_NATS_CREDS (the client's: what the dqoes CLI on this host speaks as).
+ensure_credentials() {  # ensure_credentials NAME NODE...
+    local name="$1" n args=()
+    shift
+    DQOES_AUTH_DIR="${DQOES_AUTH_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/dqoes/$name/auth}"
+    for n in "$@"; do args+=(--node "$n"); done
+    PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}" "$py" -m shared.auth init --dir "$DQOES_AUTH_DIR" "${args[@]}" >/dev/null \
+        || die "could not create the credentials in $DQOES_AUTH_DIR"
+    export DQOES_AUTH_DIR DQOES_NATS_CREDS="$DQOES_AUTH_DIR/client.creds"
+    echo "credentials: $DQOES_AUTH_DIR"
+}
+
 wait_for() {  # wait_for SECONDS WHAT COMMAND...: until COMMAND succeeds
     local limit="$1" what="$2" t0=$SECONDS
     shift 2
@@ -115,7 +130,8 @@ progress_nats() {  # progress_nats [DOCKER_RUN_OPTS... --] ARGS...
     if [ -x "$repo/.venv/bin/python" ]; then
         "$repo/.venv/bin/python" "$here/progress.py" "$@"
     else
-        docker run --rm -i "${opts[@]}" dqoes:latest python - "$@" <"$here/progress.py"
+        docker run --rm -i "${opts[@]}" -e DQOES_NATS_CREDS -v "$DQOES_AUTH_DIR:$DQOES_AUTH_DIR:ro" \
+            dqoes:latest python - "$@" <"$here/progress.py"
     fi
 }
 

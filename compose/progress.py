@@ -129,7 +129,7 @@ def latencies(args: argparse.Namespace) -> int:
     import os
 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from shared import subjects
+    from shared import auth, subjects
     from shared.bus import Bus
     from shared.schema import LatencyEvent
 
@@ -148,7 +148,8 @@ def latencies(args: argparse.Namespace) -> int:
             len(v) >= args.min and now - since[c] >= args.seconds for c, v in seen.items())
 
     async def go() -> None:
-        bus = await Bus.connect(args.nats, "dqoes-demo-baseline")
+        # The client's credentials from $DQOES_NATS_CREDS (the demo scripts set it).
+        bus = await Bus.connect(auth.resolve(args.nats, None), "dqoes-demo-baseline")
         try:
             await bus.subscribe(subjects.LATENCY_ALL, on, expect=LatencyEvent)
             t_end = time.monotonic() + args.timeout

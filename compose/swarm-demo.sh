@@ -83,6 +83,7 @@ need_engine
 ensure_images "$build"
 node_name="$(docker info -f '{{.Name}}')"
 export DQOES_SWARM_NODE="$node_name" DQOES_POLICY="$policy" DQOES_INTERVAL_S="$interval"
+ensure_credentials "swarm-$stack" "$node_name"
 
 # ---- teardown, whatever happens -----------------------------------------------------
 save_stdout
@@ -183,7 +184,8 @@ managed_ids() {
 n_inference=$(grep -c '^ *dqoes.managed: "true"' "$stack_file")
 # The CLI inside the manager's task container: it reaches NATS on the overlay
 # network (no published port). Looked up each time: Swarm may have replaced it.
-dqoes() { docker exec -i "$(task_of manager)" dqoes "$@"; }
+# It speaks as the client identity (mounted next to the manager's own credentials).
+dqoes() { docker exec -i -e DQOES_NATS_CREDS=/run/dqoes/client.creds "$(task_of manager)" dqoes "$@"; }
 url=nats://nats:4222
 manager_answers() { [ -n "$(task_of manager)" ] && dqoes status --nats "$url" --json >/dev/null 2>&1; }
 all_running() { [ "$(managed_ids | wc -l)" = "$n_inference" ]; }
@@ -207,7 +209,7 @@ done
 base="$work/baseline.json"
 if [[ "$targets" == *=x* ]]; then
     say "fair share: each container's seconds a batch with no objectives and no limits (${baseline} s)"
-    docker exec -i "$(task_of manager)" python - latencies --nats "$url" --containers "$n_inference" \
+    docker exec -i -e DQOES_NATS_CREDS=/run/dqoes/client.creds "$(task_of manager)" python - latencies --nats "$url" --containers "$n_inference" \
         --seconds "$baseline" <"$here/progress.py" >"$base" || die "no batches from every inference container"
     for id in $(managed_ids); do
         read -r name h o < <(docker inspect -f '{{.Name}} {{.Config.Hostname}} {{index .Config.Labels "dqoes.model"}}' "$id")

@@ -81,13 +81,16 @@ def start(
     address: str = "127.0.0.1",
     refresh_s: float | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
+    creds: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
     """Start the dashboard; returns (process, "http://127.0.0.1:PORT") once it answers HTTP.
 
     `sources`: (label, NATS URL) of each cluster to follow (none: recorded
     runs only). `port` None: a free one. `log_path`: where its output goes
     (default: discarded). Raises LaunchError if it exits or does not answer
-    within `ready_timeout_s`; the process is then stopped.
+    within `ready_timeout_s`; the process is then stopped. `creds`: the
+    credentials file it connects with (passed in $DQOES_NATS_CREDS, never on
+    its command line).
     """
     port = port or free_port()
     cmd = command(sources, port, runs_dir, address, refresh_s)
@@ -95,6 +98,8 @@ def start(
     root = str(ROOT)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
+    if creds:
+        env["DQOES_NATS_CREDS"] = str(creds)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(

@@ -45,7 +45,7 @@ from dashboard.data import (
     state_rows,
 )
 from dashboard.forms import not_sent
-from shared import subjects
+from shared import auth, subjects
 from shared.aio import wait_event
 from shared.bus import Bus, BusError, Incoming, NoResponders, RequestTimeout
 from shared.public import ClusterState, parse_target_reply
@@ -390,11 +390,11 @@ class Collector:
             if problem is None:
                 try:
                     bus = await Bus.connect(
-                        feed.url,
+                        auth.resolve(feed.url, None),  # credentials from $DQOES_NATS_CREDS
                         f"{self.name}-{feed.label}",
                         connect_timeout_s=self.connect_timeout_s,
                     )
-                except BusError as e:
+                except (BusError, auth.AuthError) as e:
                     problem = str(e)
                 else:
                     await self._subscribe(feed, bus)

@@ -26,7 +26,7 @@ import orjson
 
 from dashboard.data import CONTAINER_COLUMNS, ROUND_COLUMNS, as_dict, state_rows
 from dashboard.live import DecisionLog, probe
-from shared import subjects
+from shared import auth, subjects
 from shared.aio import wait_event
 from shared.bus import Bus, BusError, Incoming
 from shared.core.measures import plateau
@@ -133,7 +133,7 @@ class Recorder:
             "policy": self.policy(),
             "seed": None,
             "label": self.label,
-            "nats_url": self.url,
+            "nats_url": auth.redact(self.url),
             "started_at": self.started_at,
             "nodes": {n: ns.cores for n, ns in sorted(self.latest.items())},
             "containers": dict(sorted(self.models.items())),
@@ -186,7 +186,7 @@ async def record(
     """
     problem = await asyncio.to_thread(probe, url)
     if problem is not None:  # a refused port is known at once; the client would wait
-        raise BusError(f"cannot connect to NATS at {url} ({problem})")
+        raise BusError(f"cannot connect to NATS at {auth.redact(url)} ({problem})")
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     bus = await Bus.connect(url, "dqoes-record", connect_timeout_s=connect_timeout_s)

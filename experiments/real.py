@@ -39,7 +39,7 @@ from typing import Any
 import pandas as pd
 
 from experiments.common import ExperimentError, update_section
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus, BusError
 from shared.core import registry
 from shared.core.measures import plateau
@@ -163,7 +163,15 @@ class RealRun:
     def name(self, c: ContainerSpec) -> str:
         return f"{self.prefix}-{c.name}" if self.runtime == "docker" else c.name
 
-    def _spawn(self, what: str, args: list[str]) -> None:
+    @property
+    def auth_dir(self) -> Path:
+        return self.run_dir / "auth"
+
+    def creds(self, identity: str) -> Path:
+        return auth.creds_path(self.auth_dir, identity)
+
+    def _spawn(self, what: str, args: list[str], identity: str) -> None:
+        args = [*args, "--creds", str(self.creds(identity))]
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with (self.run_dir / f"{what}.log").open("ab") as log:
@@ -172,11 +180,14 @@ class RealRun:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        # The project's default: authentication and per-role permissions (shared/auth.py).
+        auth.ensure(self.auth_dir, [self.node])
         self.nats = NatsServer(jetstream=True, store_dir=str(self.run_dir / "jetstream"),
-                               log_path=str(self.run_dir / "nats-server.out"))
+                               log_path=str(self.run_dir / "nats-server.out"),
+                               config_file=auth.config_path(self.auth_dir))
         self.nats.start()
         url = self.nats.url
-        self._spawn("manager", ["-m", "services.manager", "--nats", url, "--cluster-interval", "1"])
+        self._spawn("manager", ["-m", "services.manager", "--nats", url, "--cluster-interval", "1"], "manager")
         common = ["-m", "services.worker", "--nats", url, "--node", self.node, "--policy", self.policy,
                   "--cores", f"{self.cores:g}", "--state-interval", "2"]
         if self.runtime == "cgroup":
@@ -187,11 +198,13 @@ class RealRun:
                 profiles=BUILTIN_PROFILES, duration_s=1e9))))
             self._spawn("worker", [*common, "--runtime", "cgroup", "--scenario", str(scenario),
                                    "--workload-batch", str(self.batch), "--workload-resolution",
-                                   str(self.resolution_px)])
+                                   str(self.resolution_px)], auth.identity_name("worker", self.node))
             self.started = [c.name for c in self.specs]
             self.t0 = time.time()
             return
-        self._spawn("worker", [*common, "--runtime", "docker", "--require-node-label"])
+        self._spawn("worker", [*common, "--runtime", "docker", "--require-node-label"],
+                    auth.identity_name("worker", self.node))
+        inference_creds = self.creds(auth.identity_name("inference", self.node))
         time.sleep(1.0)
         for c in self.specs:
             name = self.name(c)
@@ -200,6 +213,8 @@ class RealRun:
                     "--label", f"dqoes.objective_s={c.objective_s:g}", "--label", f"dqoes.model={c.model}",
                     "--label", f"dqoes.run={self.prefix}",
                     "-e", f"DQOES_NODE={self.node}", "-e", f"DQOES_NATS_URL={url}",
+                    "-v", f"{inference_creds}:/run/dqoes/nats.creds:ro",
+                    "-e", "DQOES_NATS_CREDS=/run/dqoes/nats.creds",
                     "-e", f"DQOES_CONTAINER_NAME={name}", "-e", f"DQOES_MODEL={c.model}",
                     "-e", f"DQOES_BATCH={self.batch}", "-e", f"DQOES_RESOLUTION={self.resolution_px}",
                     "-e", "DQOES_THREADS=1",
@@ -226,7 +241,8 @@ class RealRun:
 
     async def observe(self, duration_s: float, every_s: float, progress: Callable[[str], None]) -> None:
         assert self.nats is not None
-        bus = await Bus.connect(self.nats.url, "dqoes-experiment-real", connect_timeout_s=5.0)
+        bus = await Bus.connect(auth.with_credentials(self.nats.url, auth.load(self.creds("client"))),
+                                "dqoes-experiment-real", connect_timeout_s=5.0)
 
         def on_state(ns: NodeState, _: Any) -> None:
             row = {"t_s": round(ns.at - self.t0, 2), "satisfied": ns.satisfied, "round": ns.round,

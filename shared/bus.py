@@ -28,7 +28,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +39,7 @@ import orjson
 from nats.aio.client import Client as _NatsClient
 from nats.js.api import KeyValueConfig, StorageType
 
-from shared import schema
+from shared import auth, schema
 from shared.schema import Message, SchemaError
 
 log = logging.getLogger(__name__)
@@ -163,6 +163,8 @@ class Bus:
         self._closing = False
         self._kv_watches: set[KVWatch] = set()
         self._last_error: BaseException | None = None
+        self.permission_violations: deque[str] = deque(maxlen=100)
+        """The server's refusals of this identity's publishes and subscriptions (newest last)."""
 
     # --- connection -------------------------------------------------------------------
 
@@ -184,7 +186,7 @@ class Bus:
         every `reconnect_wait_s`.
         """
         nc = _NatsClient()
-        bus = cls(nc, name, url, reconnect_wait_s)
+        bus = cls(nc, name, auth.redact(url), reconnect_wait_s)
         try:
             await asyncio.wait_for(
                 nc.connect(
@@ -209,14 +211,16 @@ class Bus:
             await _close_quietly(nc)
             last = bus._last_error or e
             raise BusError(
-                f"cannot connect to NATS at {url} within {connect_timeout_s:g} s "
+                f"cannot connect to NATS at {bus.url} within {connect_timeout_s:g} s "
                 f"(last error: {_one_line(last)})"
             ) from None
-        log.info("connected to NATS at %s as %s", url, name)
+        log.info("connected to NATS at %s as %s", bus.url, name)
         return bus
 
     async def _on_error(self, e: Exception) -> None:
         self._last_error = e
+        if "permissions violation" in str(e).lower():
+            self.permission_violations.append(_one_line(e))
         if self._closing or not self._nc.is_connected or isinstance(e, _CONNECTION_LOST):
             # A lost connection is reported once, by the disconnect line.
             log.debug("NATS error while (dis)connecting: %r", e)

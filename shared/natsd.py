@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,6 +79,7 @@ class NatsServer:
         binary: str | None = None,
         ready_timeout_s: float = 10.0,
         extra_args: tuple[str, ...] = (),
+        config_file: str | os.PathLike[str] | None = None,
     ) -> None:
         """`port` None: a free one on first start, then the same on restarts.
 
@@ -88,6 +90,8 @@ class NatsServer:
         self.host = host
         self.ready_timeout_s = ready_timeout_s
         self.extra_args = tuple(extra_args)
+        self.config_file = Path(config_file) if config_file is not None else None
+        """A nats-server config (`-c`): the authorization block of `shared.auth`; re-read on start."""
         self._binary = binary
         self._port: int | None = port
         self._proc: subprocess.Popen[bytes] | None = None
@@ -128,7 +132,10 @@ class NatsServer:
         if self.running:
             return self
         binary = self._binary or find_binary()
-        args = [binary, "-a", self.host, "-p", str(self._port if self._port else -1)]
+        args = [binary]
+        if self.config_file is not None:
+            args += ["-c", str(self.config_file)]
+        args += ["-a", self.host, "-p", str(self._port if self._port else -1)]
         if self.jetstream:
             assert self.store_dir is not None
             self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -208,6 +215,19 @@ class NatsServer:
         """Stop and start again on the same port and store directory."""
         self.stop()
         return self.start()
+
+    def reload(self) -> None:
+        """Have the running server re-read its config file (a node added, credentials rotated)."""
+        if self._proc is None or self._proc.poll() is not None:
+            raise NatsServerError("the server is not running")
+        self._proc.send_signal(signal.SIGHUP)
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would (fault tests); `start()` brings it back on the same port."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
     def close(self) -> None:
         """Stop and remove the temporary directory this object created (if any)."""

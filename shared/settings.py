@@ -17,6 +17,8 @@ from typing import Any
 
 import orjson
 
+from shared import auth
+
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 
 
@@ -37,8 +39,18 @@ def flag(parser: argparse.ArgumentParser, name: str, env: str, default: Any = No
                         help=f"{help} [env {env}]{shown}")
 
 
+def nats_url(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """`--nats` with the user and password of `--creds` in it (how the bus connects)."""
+    try:
+        return auth.resolve(args.nats, args.creds)
+    except auth.AuthError as e:
+        parser.error(str(e))
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     flag(parser, "--nats", "DQOES_NATS_URL", DEFAULT_NATS_URL, help="NATS server URL")
+    flag(parser, "--creds", "DQOES_NATS_CREDS", None,
+         help="this identity's credentials file (docs/security.md); none: connect anonymously")
     flag(parser, "--log-level", "DQOES_LOG_LEVEL", "info", help="debug, info, warning or error",
          choices=("debug", "info", "warning", "error"))
     flag(parser, "--log-format", "DQOES_LOG_FORMAT", "text", help="text or json (one object per line)",

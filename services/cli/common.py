@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from shared import auth
 from shared.bus import Bus, BusError
 from shared.core.profiles import ModelProfile
 from shared.scenarios.spec import load_profiles_file
@@ -61,18 +62,45 @@ def state_dir() -> Path:
     return Path(base)
 
 
-def resolve_url(flag_value: str | None) -> str:
-    if flag_value:
-        return flag_value
-    if os.environ.get("DQOES_NATS_URL"):
-        return os.environ["DQOES_NATS_URL"]
+def last_up() -> list[dict[str, Any]]:
+    """The stacks of a `dqoes up` running on this machine ([] if none)."""
     try:
         info = orjson.loads((state_dir() / "up.json").read_bytes())
         if info.get("pid") and _alive(int(info["pid"])):
-            return str(info["stacks"][0]["nats_url"])
+            return [s for s in info["stacks"] if isinstance(s, dict)]
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         pass
-    return DEFAULT_NATS_URL
+    return []
+
+
+def resolve_url(flag_value: str | None, creds: str | None = None, identity: str = "client") -> str:
+    """The URL to connect to, with credentials in it.
+
+    URL: --nats, else $DQOES_NATS_URL, else the last `dqoes up`, else localhost.
+    Credentials: --creds, else $DQOES_NATS_CREDS, else `identity`'s file in the
+    auth directory of the `dqoes up` serving that URL, else none.
+    """
+    stacks = last_up()
+    url = flag_value or os.environ.get("DQOES_NATS_URL") or (
+        str(stacks[0]["nats_url"]) if stacks else DEFAULT_NATS_URL)
+    if not creds and not os.environ.get(auth.CREDS_ENV):
+        for s in stacks:
+            if s.get("nats_url") == url and s.get("auth_dir"):
+                candidate = auth.creds_path(s["auth_dir"], identity)
+                if candidate.exists():
+                    creds = str(candidate)
+                break
+    try:
+        return auth.resolve(url, creds)
+    except auth.AuthError as e:
+        raise CliError(str(e)) from None
+
+
+def add_nats_flags(p: Any, identity: str = "client") -> None:
+    """--nats and --creds for a command that talks to a running deployment."""
+    p.add_argument("--nats", help="NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)")
+    p.add_argument("--creds", help=f"credentials file ({identity} role; default: ${auth.CREDS_ENV}, "
+                   "else the last `dqoes up`'s; docs/security.md)")
 
 
 def _alive(pid: int) -> bool:
@@ -87,4 +115,6 @@ async def connect(url: str, name: str) -> Bus:
     try:
         return await Bus.connect(url, name, connect_timeout_s=3.0)
     except BusError as e:
-        raise CliError(f"{e} (is a deployment running? try `dqoes up`)") from None
+        hint = ("wrong or missing credentials? (--creds, $DQOES_NATS_CREDS; docs/security.md)"
+                if "authorization" in str(e).lower() else "is a deployment running? try `dqoes up`")
+        raise CliError(f"{e} ({hint})") from None

@@ -26,7 +26,8 @@ import orjson
 
 from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR, parse_source
-from services.cli.common import CliError, emit_json, resolve_url, state_dir
+from services.cli.common import CliError, add_nats_flags, emit_json, last_up, resolve_url, state_dir
+from shared import auth
 from shared.bus import BusError
 from shared.settings import DEFAULT_NATS_URL
 
@@ -81,6 +82,17 @@ def _wait_forever(proc: subprocess.Popen[bytes]) -> None:
             signal.signal(sig, handler)
 
 
+def dashboard_creds(args: argparse.Namespace, sources: list[tuple[str, str]]) -> str | None:
+    """--creds, else $DQOES_NATS_CREDS, else the client credentials of the `dqoes up` followed."""
+    if args.creds or os.environ.get(auth.CREDS_ENV):
+        return args.creds or os.environ[auth.CREDS_ENV]
+    urls = {u for _, u in sources}
+    for s in last_up():
+        if s.get("nats_url") in urls and s.get("auth_dir"):
+            return str(auth.creds_path(s["auth_dir"], "client"))
+    return None
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     sources = [] if args.no_live else sources_from(args)
     runs = args.runs or DEFAULT_RUNS_DIR
@@ -89,7 +101,8 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
     )
     try:
         proc, url = launch.start(
-            sources, port=args.port, runs_dir=runs, log_path=log_path, address=args.address
+            sources, port=args.port, runs_dir=runs, log_path=log_path, address=args.address,
+            creds=dashboard_creds(args, sources),
         )
     except launch.LaunchError as e:
         raise CliError(str(e)) from None
@@ -136,7 +149,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise CliError(f"--duration: must be more than 0 seconds, got {args.duration:g}")
     from dashboard.record import record  # pandas and the bus: only for this command
 
-    url = resolve_url(args.nats)
+    url = resolve_url(args.nats, args.creds)
     stop = asyncio.Event()
 
     async def go() -> dict[str, Any]:
@@ -148,7 +161,7 @@ def cmd_record(args: argparse.Namespace) -> int:
 
     if not args.json:
         until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
-        print(f"recording {url} into {args.out} {until}", flush=True)
+        print(f"recording {auth.redact(url)} into {args.out} {until}", flush=True)
     try:
         result = asyncio.run(go())
     except BusError as e:
@@ -185,6 +198,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         metavar="LABEL=URL",
         help="a cluster with its label, e.g. dqoes=nats://127.0.0.1:4222 (repeatable)",
     )
+    p.add_argument("--creds", metavar="FILE", help="credentials file (client role) for the clusters "
+                   f"(default: ${auth.CREDS_ENV}, else the last `dqoes up`'s; docs/security.md)")
     p.add_argument("--no-live", action="store_true", help="recorded runs only; follow no cluster")
     p.add_argument(
         "--runs", metavar="DIR", help=f"folder of timeline files (default: ./{DEFAULT_RUNS_DIR})"
@@ -207,9 +222,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         description="Write every node state of a running cluster as timeline JSON lines "
         "(the format of `dqoes experiment run --out`), until --duration or Ctrl-C.",
     )
-    p.add_argument(
-        "--nats", help="NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)"
-    )
+    add_nats_flags(p)
     p.add_argument(
         "--out", required=True, metavar="FILE", help="the timeline file to write (.jsonl)"
     )

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR
 from services.cli.common import CliError, connect, emit_json, state_dir
 from services.cli.stack import Stack, StackSpec
-from shared import subjects
+from shared import auth, subjects
 from shared.aio import wait_event
 from shared.core import registry
 from shared.core.measures import plateau
@@ -91,7 +92,7 @@ async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, ev
     obs = [Observed(s) for s in stacks]
     buses = []
     for o in obs:
-        bus = await connect(o.stack.url, "dqoes-up")
+        bus = await connect(o.stack.client_url, "dqoes-up")
         await bus.subscribe(subjects.STATE_ALL, lambda m, _, o=o: o.on_state(m), expect=NodeState)
         buses.append(bus)
     stop = stop or asyncio.Event()
@@ -160,12 +161,16 @@ def cmd_up(args: argparse.Namespace) -> int:
     if args.batch < 1 or (args.resolution is not None and args.resolution < 32):
         raise CliError("--batch must be >= 1 and --resolution >= 32 pixels")
     policies = ["dqoes", "default"] if args.twin else [args.policy]
-    run_root = Path(args.run_dir) if args.run_dir else None
+    # A stable data directory: objectives (JetStream) and credentials outlive a `dqoes up`.
+    run_root = Path(args.run_dir) if args.run_dir else state_dir() / "up"
+    if args.fresh:
+        for p in policies:
+            shutil.rmtree(run_root / p / "jetstream", ignore_errors=True)
     stacks = [
         Stack(StackSpec(scenario, policy=p, seed=args.seed, time_scale=args.time_scale, label=p,
                         runtime=args.runtime, workload_batch=args.batch, workload_resolution=args.resolution,
                         metrics=not args.no_metrics),
-              run_dir=(run_root / p) if run_root else None)
+              run_dir=run_root / p, auth_dir=run_root / "auth")
         for p in policies
     ]
     stopped = False
@@ -176,12 +181,13 @@ def cmd_up(args: argparse.Namespace) -> int:
             s.start(start_at)
         _write_state(stacks)
         if not args.json:
+            print(f"data directory: {run_root} (objectives, credentials, logs; --fresh forgets objectives)")
             print(f"DQoES up: scenario {scenario.name} ({len(scenario.containers)} containers on "
                   f"{len(scenario.nodes)} node(s)), seed {args.seed}, time x{args.time_scale:g}")
             for s in stacks:
-                print(f"  {s.name:<8} NATS {s.url}   logs and JetStream data: {s.run_dir}")
+                print(f"  {s.name:<8} NATS {s.plain_url}   logs and JetStream data: {s.run_dir}")
                 _print_metrics(s)
-            u = stacks[0].url
+            u = stacks[0].plain_url
             print(f"  try:  dqoes status --nats {u}   |   dqoes target set {scenario.containers[0].name} 30 --nats {u}")
         if args.json:
             for s in stacks:
@@ -258,7 +264,8 @@ def start_dashboard(stacks: list[Stack], args: argparse.Namespace) -> subprocess
         return None
     out = sys.stderr if args.json else sys.stdout
     try:
-        proc, url = launch.start([(s.name, s.url) for s in stacks], port=args.dashboard_port,
+        proc, url = launch.start([(s.name, s.plain_url) for s in stacks], port=args.dashboard_port,
+                                 creds=str(stacks[0].creds_file("client")) if stacks[0].auth_dir else None,
                                  runs_dir=args.runs or DEFAULT_RUNS_DIR,
                                  log_path=str(stacks[0].run_dir / "dashboard.log"))
     except launch.LaunchError as e:
@@ -281,7 +288,8 @@ def _write_state(stacks: list[Stack]) -> None:
     d.mkdir(parents=True, exist_ok=True)
     (d / "up.json").write_bytes(orjson.dumps({
         "pid": os.getpid(), "started_at": time.time(),
-        "stacks": [{"name": s.name, "nats_url": s.url, "run_dir": str(s.run_dir)} for s in stacks],
+        "stacks": [{"name": s.name, "nats_url": s.plain_url, "run_dir": str(s.run_dir),
+                    "auth_dir": str(s.auth_dir) if s.auth_dir else None} for s in stacks],
     }))
 
 
@@ -303,7 +311,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resolution", type=int, help="--runtime cgroup: image side in pixels (default: the model's)")
     p.add_argument("--duration", type=float, help="stop after this many scenario seconds (default: the scenario's)")
     p.add_argument("--forever", action="store_true", help="keep running until Ctrl-C")
-    p.add_argument("--run-dir", help="where logs, the scenario and JetStream data go (default: a temp dir)")
+    p.add_argument("--run-dir", "--data-dir", dest="run_dir",
+                   help="where JetStream data (objectives), credentials (auth/) and logs go "
+                   "(default: $DQOES_STATE_DIR/up, else ~/.local/state/dqoes/up); printed at start")
+    p.add_argument("--fresh", action="store_true", help="forget the objectives stored by earlier runs")
     p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the web dashboard")
     p.add_argument("--no-metrics", action="store_true",

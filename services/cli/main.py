@@ -14,6 +14,7 @@ from experiments.common import ExperimentError
 from services.cli import calibrate, experiment, live, operate
 from services.cli import dashboard as dashboard_cli
 from services.cli.common import CliError
+from shared import auth
 from shared.scenarios.spec import ScenarioError
 
 
@@ -28,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     operate.add_parsers(sub)
     dashboard_cli.add_parsers(sub)
     calibrate.add_parsers(sub)
+    auth.add_arguments(sub)
     return parser
 
 
@@ -35,8 +37,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command == "auth":
+            return auth.run_command(args)
         return int(args.func(args) or 0)
-    except (ScenarioError, CliError, ExperimentError) as e:
+    except (ScenarioError, CliError, ExperimentError, auth.AuthError) as e:
         print(f"dqoes: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

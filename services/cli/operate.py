@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 
 from services.cli.common import CliError, connect, emit_json, resolve_url
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus, BusError, NoResponders, RequestTimeout
 from shared.core import registry
 from shared.public import (
@@ -149,7 +149,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise CliError("--every must be > 0 seconds")
 
     async def go() -> None:
-        bus = await connect(resolve_url(args.nats), "dqoes-status")
+        bus = await connect(resolve_url(args.nats, args.creds), "dqoes-status")
         stop = _stop_on_signals()
         shown = 0
         try:
@@ -190,8 +190,8 @@ def _stop_on_signals() -> asyncio.Event:
 # -- target set | get | list | clear ---------------------------------------------------------
 
 
-async def _public_request(nats: str | None, subject: str, body: bytes) -> dict[str, Any]:
-    bus = await connect(resolve_url(nats), "dqoes-target")
+async def _public_request(args: argparse.Namespace, subject: str, body: bytes) -> dict[str, Any]:
+    bus = await connect(resolve_url(args.nats, args.creds), "dqoes-target")
     try:
         data = await _request(bus, subject, body)
     finally:
@@ -218,7 +218,7 @@ def cmd_target_set(args: argparse.Namespace) -> int:
         TargetRequest(container=args.container, objective_s=args.seconds, alpha=args.alpha)
     except SchemaError as e:
         raise CliError(str(e)) from None
-    reply = asyncio.run(_public_request(args.nats, subjects.TARGETS, orjson.dumps(body)))
+    reply = asyncio.run(_public_request(args, subjects.TARGETS, orjson.dumps(body)))
     if not reply["ok"]:
         return _refused(reply, args.json)
     if args.json:
@@ -277,7 +277,7 @@ def _target_line(t: dict[str, Any]) -> str:
 
 
 def cmd_target_get(args: argparse.Namespace) -> int:
-    reply = asyncio.run(_public_request(args.nats, subjects.TARGETS_GET,
+    reply = asyncio.run(_public_request(args, subjects.TARGETS_GET,
                                         orjson.dumps({"container": args.container})))
     if not reply["ok"]:
         return _refused(reply, args.json)
@@ -289,7 +289,7 @@ def cmd_target_get(args: argparse.Namespace) -> int:
 
 
 def cmd_target_list(args: argparse.Namespace) -> int:
-    reply = asyncio.run(_public_request(args.nats, subjects.TARGETS_LIST, b"{}"))
+    reply = asyncio.run(_public_request(args, subjects.TARGETS_LIST, b"{}"))
     if not reply["ok"]:
         return _refused(reply, args.json)
     if args.json:
@@ -303,7 +303,7 @@ def cmd_target_list(args: argparse.Namespace) -> int:
 
 
 def cmd_target_clear(args: argparse.Namespace) -> int:
-    reply = asyncio.run(_public_request(args.nats, subjects.TARGETS_CLEAR,
+    reply = asyncio.run(_public_request(args, subjects.TARGETS_CLEAR,
                                         orjson.dumps({"container": args.container})))
     if not reply["ok"]:
         return _refused(reply, args.json)
@@ -366,7 +366,7 @@ def cmd_control(args: argparse.Namespace) -> int:
     asked = parse_assignments(args.set)
 
     async def go() -> list[ControlReply]:
-        bus = await connect(resolve_url(args.nats), "dqoes-control")
+        bus = await connect(resolve_url(args.nats, args.creds, identity="admin"), "dqoes-control")
         try:
             cs = await fetch_cluster(bus)
             nodes = list(cs.nodes) if args.node is None else [args.node]
@@ -401,7 +401,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     async def go() -> None:
-        bus = await connect(resolve_url(args.nats), "dqoes-watch")
+        bus = await connect(resolve_url(args.nats, args.creds), "dqoes-watch")
         stop = _stop_on_signals()
         last = [0.0]
         shown = [0]
@@ -447,12 +447,15 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     nats_help = "NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)"
+    creds_help = (f"credentials file, client role (default: ${auth.CREDS_ENV}, else the last `dqoes up`'s; "
+                  "docs/security.md)")
     p = sub.add_parser("status", help="the cluster: one row per node, then one per container",
                        description="The cluster summary (met, in band and CPU per node, G/S/B, Q values, interval) and, "
                        "like `docker ps`, every container: node, model, objective and alpha, latest latency, "
                        "whether it meets its objective and is in band, class, CPU limit and use (cores), "
                        "throttled share of CFS periods, last batch.")
     p.add_argument("--nats", help=nats_help)
+    p.add_argument("--creds", help=creds_help)
     p.add_argument("--node", help="only this node and its containers")
     p.add_argument("--json", action="store_true",
                    help="print the cluster state JSON with a \"containers\" list (one object per refresh)")
@@ -487,6 +490,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("seconds", type=float)
     p.add_argument("--alpha", type=float, help="this container's tolerance band (0 < alpha < 1)")
     p.add_argument("--nats", help=nats_help)
+    p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_set)
 
@@ -494,11 +498,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      description="Request {container} on dqoes.targets.get and print the stored objective.")
     p.add_argument("container")
     p.add_argument("--nats", help=nats_help)
+    p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_get)
 
     p = t.add_parser("list", help="every stored objective", description="Request dqoes.targets.list.")
     p.add_argument("--nats", help=nats_help)
+    p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_list)
 
@@ -508,6 +514,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      "dqoes.objective_s label) and lifts its CPU limit.")
     p.add_argument("container")
     p.add_argument("--nats", help=nats_help)
+    p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_clear)
 
@@ -521,11 +528,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("set", nargs="*", metavar="NAME=VALUE", help="parameters to set (none: read)")
     p.add_argument("--node", help="only this node (default: every node reporting to the manager)")
     p.add_argument("--nats", help=nats_help)
+    p.add_argument("--creds", help="credentials file of an admin identity: only an admin may publish control "
+                   f"(default: ${auth.CREDS_ENV}, else the last `dqoes up`'s admin.creds; docs/security.md)")
     p.add_argument("--json", action="store_true", help="print every node's reply as one JSON object")
     p.set_defaults(func=cmd_control)
 
     p = sub.add_parser("watch", help="follow the cluster summary live")
     p.add_argument("--nats", help=nats_help)
+    p.add_argument("--creds", help=creds_help)
     p.add_argument("--every", type=float, default=1.0, help="at most one line per N seconds")
     p.add_argument("--count", type=int, default=0, help="stop after about N lines (0: until Ctrl-C)")
     p.add_argument("--json", action="store_true", help="one cluster state JSON object per line")

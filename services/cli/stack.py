@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared import auth
 from shared.natsd import NatsServer
 from shared.scenarios.spec import Scenario, scenario_to_dict
 
@@ -54,11 +55,20 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Stack:
     """Start with `start()`, stop with `stop()` (or use as a context manager)."""
 
-    def __init__(self, spec: StackSpec, run_dir: str | Path | None = None, nats_url: str | None = None) -> None:
+    def __init__(self, spec: StackSpec, run_dir: str | Path | None = None, nats_url: str | None = None,
+                 auth_dir: str | Path | None = None) -> None:
+        """`nats_url` None: a private nats-server with authentication (credentials in
+        `auth_dir`, default run_dir/auth). With `nats_url`, services connect with the
+        credentials in `auth_dir` if given, else anonymously."""
         self.spec = spec
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="dqoes-up-"))
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._external_url = nats_url
+        self.auth_dir: Path | None = Path(auth_dir) if auth_dir is not None else None
+        if nats_url is None and self.auth_dir is None:
+            self.auth_dir = self.run_dir / "auth"
+        if self.auth_dir is not None:
+            auth.ensure(self.auth_dir, [n.name for n in spec.scenario.nodes])
         self.nats: NatsServer | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.start_at: float | None = None
@@ -66,11 +76,30 @@ class Stack:
         """/metrics URL of the manager ("manager") and of each node's worker (by node name) when spec.metrics is set."""
 
     @property
-    def url(self) -> str:
+    def plain_url(self) -> str:
+        """The server's URL without credentials (printed, stored, given to services with --creds)."""
         if self._external_url:
             return self._external_url
         assert self.nats is not None
         return self.nats.url
+
+    @property
+    def url(self) -> str:
+        """The URL a client of this stack connects with: the `client` identity's credentials in it."""
+        return self.client_url
+
+    def creds_file(self, identity: str) -> Path | None:
+        """The credentials file of an identity (`client`, `admin`, `worker-n1`...), None without auth."""
+        return auth.creds_path(self.auth_dir, identity) if self.auth_dir is not None else None
+
+    def url_for(self, identity: str) -> str:
+        """The NATS URL with that identity's user and password in it."""
+        f = self.creds_file(identity)
+        return auth.with_credentials(self.plain_url, auth.load(f) if f is not None else None)
+
+    @property
+    def client_url(self) -> str:
+        return self.url_for("client")
 
     @property
     def name(self) -> str:
@@ -86,7 +115,10 @@ class Stack:
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
 
-    def _spawn(self, name: str, args: list[str]) -> None:
+    def _spawn(self, name: str, args: list[str], identity: str) -> None:
+        creds = self.creds_file(identity)
+        if creds is not None:
+            args = [*args, "--creds", str(creds)]
         log = self.log_path(name).open("ab")
         self.procs[name] = subprocess.Popen(
             [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=self._env(),
@@ -96,8 +128,10 @@ class Stack:
 
     def start_nats(self) -> None:
         if self._external_url is None and self.nats is None:
+            assert self.auth_dir is not None
             self.nats = NatsServer(jetstream=True, store_dir=str(self.run_dir / "jetstream"),
-                                   log_path=str(self.run_dir / "nats-server.out"))
+                                   log_path=str(self.run_dir / "nats-server.out"),
+                                   config_file=auth.config_path(self.auth_dir))
             self.nats.start()
 
     def start(self, start_at: float | None = None) -> Stack:
@@ -120,8 +154,8 @@ class Stack:
         return ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1"]
 
     def start_manager(self) -> None:
-        self._spawn("manager", ["-m", "services.manager", "--nats", self.url, "--cluster-interval", "0.5",
-                                *self._metrics_args("manager")])
+        self._spawn("manager", ["-m", "services.manager", "--nats", self.plain_url, "--cluster-interval", "0.5",
+                                *self._metrics_args("manager")], "manager")
 
     def start_worker(self, node: str, scenario_file: Path | None = None) -> None:
         s = self.spec
@@ -134,11 +168,11 @@ class Stack:
         else:
             runtime_args = ["--runtime", "sim", "--time-scale", str(s.time_scale), "--start-at", repr(self.start_at)]
         self._spawn(f"worker-{node}", [
-            "-m", "services.worker", "--nats", self.url, "--node", node, "--policy", s.policy,
+            "-m", "services.worker", "--nats", self.plain_url, "--node", node, "--policy", s.policy,
             "--scenario", str(scenario_file), "--seed", str(s.seed), *runtime_args,
             "--state-interval", str(s.state_interval_s), *self._metrics_args(node),
             *s.extra_worker_args,
-        ])
+        ], auth.identity_name("worker", node))
 
     def scenario_time_s(self, wall: float | None = None) -> float:
         """Scenario seconds at a wall time (now by default); negative before the start."""

@@ -13,7 +13,7 @@ import socket
 import sys
 
 from services.inference.jemalloc import reexec_with_jemalloc
-from shared.settings import add_common, flag, setup_logging
+from shared.settings import add_common, flag, nats_url, setup_logging
 
 
 def parse(argv: list[str] | None = None):
@@ -40,7 +40,7 @@ def parse(argv: list[str] | None = None):
         ap.error("--node (or DQOES_NODE) is required: the worker of that node listens for this container")
     if a.batch < 1:
         ap.error("--batch must be >= 1")
-    return a, InferenceConfig(name=a.name, node=a.node, nats_url=a.nats, model=a.model, batch=a.batch,
+    return a, InferenceConfig(name=a.name, node=a.node, nats_url=nats_url(ap, a), model=a.model, batch=a.batch,
                               resolution_px=a.resolution, threads=a.threads, seed=a.seed, weights=a.weights,
                               images_dir=a.images, batches=a.batches)
 

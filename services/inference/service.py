@@ -19,6 +19,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from shared import auth
 from shared.bus import Bus, BusError
 from shared.publisher import LatencyPublisher
 
@@ -76,7 +77,7 @@ async def serve(cfg: InferenceConfig, workload, stop: asyncio.Event) -> int:  # 
 
     threading.Thread(target=work, name="inference", daemon=True).start()
     log.info("%s on %s: %s, %d images x %d px a batch, publishing to %s", cfg.name, cfg.node, workload.spec.name,
-             cfg.batch, workload.resolution_px, cfg.nats_url)
+             cfg.batch, workload.resolution_px, auth.redact(cfg.nats_url))
     status = 0
     while not stop.is_set():
         getter = asyncio.ensure_future(results.get())

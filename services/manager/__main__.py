@@ -9,7 +9,7 @@ import sys
 from services.manager.app import ManagerConfig, run
 from shared import subjects
 from shared.core import registry
-from shared.settings import add_common, flag, setup_logging
+from shared.settings import add_common, flag, nats_url, setup_logging
 
 
 def parse(argv: list[str] | None = None) -> ManagerConfig:
@@ -28,7 +28,7 @@ def parse(argv: list[str] | None = None) -> ManagerConfig:
     flag(ap, "--placement", "DQOES_PLACEMENT", "flowcon", choices=registry.names("training"),
          help="where dqoes.submit puts a training job: flowcon (Algorithm 4) or default (spread)")
     a = ap.parse_args(argv)
-    return ManagerConfig(nats_url=a.nats, bucket=a.bucket, cluster_interval_s=a.cluster_interval,
+    return ManagerConfig(nats_url=nats_url(ap, a), bucket=a.bucket, cluster_interval_s=a.cluster_interval,
                          stale_after_s=a.stale_after, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
                          placement=a.placement, log_level=a.log_level, log_format=a.log_format)
 

@@ -146,7 +146,7 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
     await bus.subscribe_raw(subjects.CLUSTER_CONTAINERS, on_containers)
     await bus.subscribe_raw(subjects.CLUSTER_QUERY, on_query)
     await bus.subscribe_raw(subjects.CLUSTER_STATE, on_query)
-    log.info("manager on %s: %d objective(s) stored in bucket %s", cfg.nats_url, len(mgr.objectives), cfg.bucket)
+    log.info("manager on %s: %d objective(s) stored in bucket %s", bus.url, len(mgr.objectives), cfg.bucket)
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

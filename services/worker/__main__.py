@@ -12,7 +12,7 @@ from services.worker.app import WorkerConfig, run
 from services.worker.training import SPLITS
 from shared.core import registry
 from shared.runtime.factory import KINDS
-from shared.settings import add_common, flag, setup_logging
+from shared.settings import add_common, flag, nats_url, setup_logging
 
 
 def parse(argv: list[str] | None = None) -> WorkerConfig:
@@ -64,7 +64,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     if a.time_scale <= 0:
         ap.error("--time-scale must be > 0")
     return WorkerConfig(
-        nats_url=a.nats, node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
+        nats_url=nats_url(ap, a), nats_creds=a.creds, node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
         seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
         initial_interval_s=a.interval, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
         docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,

@@ -36,6 +36,8 @@ log = logging.getLogger(__name__)
 class WorkerConfig:
     node: str
     nats_url: str = "nats://127.0.0.1:4222"
+    nats_creds: str | None = None
+    """The credentials file `nats_url`'s user and password came from (handed to inference processes)."""
     policy: str = "dqoes"
     runtime: str = "sim"
     scenario: str | None = None
@@ -92,6 +94,7 @@ def runtime_settings(cfg: WorkerConfig, scenario: Scenario | None) -> RuntimeSet
         time_scale=cfg.time_scale, start_at=cfg.start_at, cgroup_root=cfg.cgroup_root,
         docker_url=cfg.docker_url, require_node_label=cfg.require_node_label,
         workload_batch=cfg.workload_batch, workload_resolution=cfg.workload_resolution, nats_url=cfg.nats_url,
+        nats_creds=cfg.nats_creds,
     )
 
 
@@ -188,7 +191,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         await bus.subscribe(subjects.progress_of_node(cfg.node), on_progress, expect=(Progress, JobDone))
         await bus.subscribe(subjects.launch(cfg.node), on_launch, expect=Launch)
     log.info("worker for node %s: policy %s, training %s (%s), runtime %s, %g cores, NATS %s",
-             cfg.node, policy.name, cfg.training_policy, cfg.training_split, cfg.runtime, ctrl.cores, cfg.nats_url)
+             cfg.node, policy.name, cfg.training_policy, cfg.training_split, cfg.runtime, ctrl.cores, bus.url)
     return WorkerApp(cfg, bus, runtime, worker, scenario, metrics)
 
 

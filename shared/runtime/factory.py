@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from shared.runtime.base import Runtime, RuntimeFailure
 from shared.scenarios.placement import place
@@ -55,6 +56,8 @@ class RuntimeSettings:
     workload_resolution: int | None = None
     """cgroup with a scenario: image side in pixels (None: the model's)."""
     nats_url: str = "nats://127.0.0.1:4222"
+    nats_creds: str | None = None
+    """cgroup runtime: the credentials file its inference processes connect with (else the URL's)."""
     """cgroup with a scenario: where the inference processes publish."""
 
 
@@ -108,10 +111,20 @@ def node_containers(scenario: Scenario, node: str) -> list[ContainerSpec]:
                   key=lambda c: (c.submit_at_s, c.name))
 
 
+def strip_credentials(url: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, parts.fragment))
+
+
 def inference_argv(c: ContainerSpec, s: RuntimeSettings) -> list[str]:
     """The real inference process standing in for scenario container `c`."""
     argv = [sys.executable, "-m", "services.inference", "--name", c.name, "--node", s.node,
-            "--model", c.model, "--batch", str(s.workload_batch), "--nats", s.nats_url]
+            "--model", c.model, "--batch", str(s.workload_batch)]
+    if s.nats_creds:
+        # The file, not the password, goes on the command line (ps shows it).
+        argv += ["--nats", strip_credentials(s.nats_url), "--creds", s.nats_creds]
+    else:
+        argv += ["--nats", s.nats_url]
     if s.workload_resolution is not None:
         argv += ["--resolution", str(s.workload_resolution)]
     return argv

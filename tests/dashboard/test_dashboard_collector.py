@@ -12,7 +12,7 @@ from dashboard import live
 from dashboard.live import Collector, History, TimeOrigin
 from dashboard.synthetic import node_states
 from services.manager.logic import aggregate
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus
 
 # --- History (no bus) -------------------------------------------------------------------------
@@ -97,7 +97,7 @@ def test_collector_follows_node_states_and_the_cluster_summary(restartable_nats)
         reply = coll.request_target("dqoes", {"container": "c01", "objective": 5.0}, 1.0)
         assert reply == {
             "ok": False,
-            "error": f"no manager answers on dqoes.targets at {url}",
+            "error": f"no manager answers on dqoes.targets at {auth.redact(url)}",  # no password shown
             "answered": False,
         }
         assert coll.request_target("nope", {})["error"] == "no cluster named 'nope'"

@@ -179,7 +179,7 @@ def test_live_page_shows_the_cluster_and_the_form_talks_to_its_manager(monkeypat
     assert list(listener["policy"]) == ["dqoes", "dqoes"]
     assert len(specs(at)) == 4
 
-    with BusTap(small_stack.url, subjects.TARGETS) as tap:
+    with BusTap(small_stack.url_for("admin"), subjects.TARGETS) as tap:  # only the admin may listen there
         for container, objective, alpha, words in [
             ("", "30", "", "container: required"),
             ("c3", "", "", "objective: required"),

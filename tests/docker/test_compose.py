@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus
 from shared.schema import NodeState
 
@@ -47,10 +47,22 @@ def need(reason: str) -> None:
     pytest.skip(f"{reason}; set DQOES_REQUIRE_DOCKER=1 to make this a failure")
 
 
+AUTH_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / f"dqoes-test-auth-{os.getpid()}"
+"""Credentials of the deployments these tests bring up (the compose files mount from it)."""
+
+
+def credentials(*nodes: str) -> None:
+    auth.ensure(AUTH_DIR, nodes)
+
+
+def client_url(url: str) -> str:
+    return auth.with_credentials(url, auth.load(auth.creds_path(AUTH_DIR, "client")))
+
+
 def run(cmd: list[str], *, env: dict | None = None, timeout: float = 120, check: bool = False,
         input: str | None = None) -> subprocess.CompletedProcess:
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, input=input,
-                       env={**os.environ, **(env or {})})
+                       env={**os.environ, "DQOES_AUTH_DIR": str(AUTH_DIR), **(env or {})})
     if check and r.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} -> {r.returncode}\n{r.stdout[-1500:]}\n{r.stderr[-1500:]}")
     return r
@@ -87,7 +99,7 @@ def free_port() -> int:
 
 def dqoes(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
     return run([sys.executable, "-m", "services.cli", *args], timeout=timeout,
-               env={"PYTHONPATH": str(REPO)})
+               env={"PYTHONPATH": str(REPO), auth.CREDS_ENV: str(auth.creds_path(AUTH_DIR, "client"))})
 
 
 def last_json(out: str) -> dict:
@@ -111,7 +123,7 @@ def wait(what: str, timeout_s: float, fn, every_s: float = 1.0):
 
 async def node_state(url: str, node: str, timeout_s: float = 15) -> NodeState:
     """The next state the node's worker publishes (its containers with their limits)."""
-    bus = await Bus.connect(url, "test-compose")
+    bus = await Bus.connect(client_url(url), "test-compose")
     got: asyncio.Future[NodeState] = asyncio.get_running_loop().create_future()
     try:
         await bus.subscribe(subjects.state(node), lambda m, _: got.done() or got.set_result(m),
@@ -143,6 +155,9 @@ def test_the_compose_file_is_valid(version):
     # Prometheus /metrics of the manager and both workers, published on the host's loopback.
     assert cfg.count("DQOES_METRICS_PORT") == 3
     assert all(port in cfg for port in ("19100", "19101", "19102"))
+    # Authentication on: the server reads the generated users; each service mounts its own file.
+    assert "/etc/nats/nats-server.conf" in cfg and cfg.count("/run/dqoes/nats.creds") >= 9
+    assert "inference-node-a.creds" in cfg and "worker-node-b.creds" in cfg and "admin.creds" not in cfg
 
 
 def test_the_stack_file_is_valid_and_needs_the_node_name():
@@ -170,6 +185,7 @@ def project() -> Iterator[dict]:
     }
     p["env"] = {"DQOES_DEMO_PORT": str(p["port"]), "DQOES_NODE_A": p["node"], "DQOES_NODE_B": f"t{tag}-b",
                 "DQOES_INTERVAL_S": "3", "DQOES_A1_OBJECTIVE": "2.0"}
+    credentials(p["node"], f"t{tag}-b")
     try:
         yield p
     finally:
@@ -290,6 +306,7 @@ def swarm() -> Iterator[dict]:
 def test_swarm_stack_worker_limits_the_task_containers_directly(swarm, tmp_path):
     stack, node = swarm["stack"], swarm["node"]
     env = {"DQOES_SWARM_NODE": node, "DQOES_INTERVAL_S": "3", "DQOES_S1_OBJECTIVE": "2.0"}
+    credentials(node)
     run(["docker", "stack", "deploy", "-c", str(reduced_stack(tmp_path, ("s1", "s2"))), stack], env=env,
         check=True, timeout=120)
 
@@ -305,7 +322,9 @@ def test_swarm_stack_worker_limits_the_task_containers_directly(swarm, tmp_path)
         assert labels["com.docker.stack.namespace"] == stack
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        return run(["docker", "exec", "-i", mgr, "dqoes", *args, "--nats", "nats://nats:4222"], timeout=60)
+        # The manager's task has the client's credentials mounted for this (compose/stack.yml).
+        return run(["docker", "exec", "-i", "-e", f"{auth.CREDS_ENV}=/run/dqoes/client.creds", mgr, "dqoes", *args,
+                    "--nats", "nats://nats:4222"], timeout=60)
 
     def cluster() -> dict | None:
         r = cli("status", "--json")

@@ -184,34 +184,34 @@ def node_params(url):
 
 
 def test_control_reads_and_sets_parameters_acknowledged_by_the_worker(stack):
-    r = dqoes("control", "--nats", stack.url, "--json")
+    r = dqoes("control", "--nats", stack.url_for("admin"), "--json")
     assert r.returncode == 0, r.stderr
     before = last_json(r.stdout)["nodes"]["worker-1"]
     assert before["ok"] and before["policy"] == "dqoes" and before["params"]["alpha"] == 0.1
 
-    r = dqoes("control", "--nats", stack.url, "--node", "worker-1", "beta=0.25", "max_interval_s=200", "--json")
+    r = dqoes("control", "--nats", stack.url_for("admin"), "--node", "worker-1", "beta=0.25", "max_interval_s=200", "--json")
     assert r.returncode == 0, r.stderr
     after = last_json(r.stdout)["nodes"]["worker-1"]
     assert after["changed"] == ["beta", "max_interval_s"]
     assert after["params"]["beta"] == 0.25 and after["params"]["max_interval_s"] == 200
     params = node_params(stack.url)
     assert params["beta"] == 0.25 and params["max_interval_s"] == 200  # visible in the node state
-    assert "beta=0.25" in dqoes("control", "--nats", stack.url).stdout
+    assert "beta=0.25" in dqoes("control", "--nats", stack.url_for("admin")).stdout
 
     for args, words in ((["nonsense=1"], "has no parameter nonsense"), (["beta=2"], "beta"),
                         (["beta"], "expected NAME=VALUE"), (["beta=x"], "expected a number"),
                         (["--node", "ghost", "beta=0.2"], "no node 'ghost'")):
-        r = dqoes("control", "--nats", stack.url, *args)
+        r = dqoes("control", "--nats", stack.url_for("admin"), *args)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     assert node_params(stack.url)["beta"] == 0.25  # nothing changed
 
 
 def test_the_worker_itself_refuses_a_bad_control_request(stack):
     msg = ControlMsg(params={"no_such_parameter": 1.0, "beta": 0.3})
-    reply = decode_as(request(stack.url, subjects.control("worker-1"), encode(msg, "test")), ControlReply)
+    reply = decode_as(request(stack.url_for("admin"), subjects.control("worker-1"), encode(msg, "test")), ControlReply)
     assert reply.ok is False and "no parameter no_such_parameter" in reply.error
     assert reply.params["beta"] == 0.25 and reply.changed == ()
-    reply = decode_as(request(stack.url, subjects.control("worker-1"),
+    reply = decode_as(request(stack.url_for("admin"), subjects.control("worker-1"),
                               encode(ControlMsg(params={"beta": 0.3, "initial_interval_s": -1}), "test")),
                       ControlReply)
     assert reply.ok is False and reply.params["beta"] == 0.25

@@ -84,9 +84,11 @@ def stack(tmp_path_factory):
 class Client:
     """One connection, one event loop, for hypothesis's synchronous examples."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, reader_url: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.bus = self.loop.run_until_complete(Bus.connect(url, "bad-input"))
+        # Only the manager's identity may read the bucket's API (shared/auth.py).
+        self.reader = self.loop.run_until_complete(Bus.connect(reader_url, "bad-input-reader"))
 
     def request(self, payload: bytes) -> dict:
         return parse_target_reply(self.loop.run_until_complete(self.bus.request(subjects.TARGETS, payload, timeout_s=5)))
@@ -96,18 +98,19 @@ class Client:
 
     def stored(self) -> dict:
         async def go():
-            kv = await self.bus.kv(subjects.KV_OBJECTIVES)
+            kv = await self.reader.kv(subjects.KV_OBJECTIVES)
             return {k: orjson.loads(v)["objective_s"] for k, v in (await kv.items()).items()}
         return self.loop.run_until_complete(go())
 
     def close(self) -> None:
         self.loop.run_until_complete(self.bus.close())
+        self.loop.run_until_complete(self.reader.close())
         self.loop.close()
 
 
 @pytest.fixture(scope="module")
 def client(stack):
-    c = Client(stack.url)
+    c = Client(stack.url, stack.url_for("manager"))
     try:
         deadline = time.monotonic() + 30
         while True:  # until the manager answers and the worker has reported its containers

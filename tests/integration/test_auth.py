@@ -1,0 +1,321 @@
+"""Authentication and subject permissions against a real nats-server with the default configuration.
+
+Two parts. Per role: what it may and may not publish and subscribe to (the
+server refuses with a permissions violation, and nothing is delivered).
+Then the forgeries of issue 11, replayed against a running manager and
+worker (`Stack`, the same configuration `dqoes up` uses): each is refused
+and changes nothing (stored objectives, the cluster summary, the worker's
+objectives and parameters).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+
+from services.cli.stack import Stack, StackSpec
+from shared import auth, subjects
+from shared.bus import Bus, BusError
+from shared.natsd import NatsServer
+from shared.public import ClusterState, parse_target_reply
+from shared.scenarios.spec import parse_scenario
+from shared.schema import (
+    ControlMsg,
+    DecisionMsg,
+    LatencyEvent,
+    NodeState,
+    ObjectiveAssign,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.anyio]
+
+NODES = ("n1", "n2")
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):
+    """A nats-server with exactly the configuration `dqoes up` generates (no test user)."""
+    base = tmp_path_factory.mktemp("auth")
+    cfg = auth.ensure(base / "auth", NODES)
+    with NatsServer(store_dir=base / "store", log_path=base / "nats.log", config_file=cfg) as srv:
+        yield srv, base / "auth"
+
+
+def url_as(server, identity: str) -> str:
+    srv, auth_dir = server
+    return auth.with_credentials(srv.url, auth.load(auth.creds_path(auth_dir, identity)))
+
+
+async def settle(*buses: Bus) -> None:
+    for b in buses:
+        try:
+            await b.flush()
+        except BusError:
+            pass
+    await asyncio.sleep(0.15)
+
+
+def node_state(node: str, satisfied: int = 510, expected: tuple[str, ...] = ()) -> NodeState:
+    names = tuple(f"fake{i}" for i in range(satisfied))
+    return NodeState(node=node, policy="dqoes", cores=4.0, round=1, at=time.time(), interval_s=1.0,
+                     slack_sum_g_s=0.0, slack_sum_b_s=0.0, satisfied=satisfied,
+                     members={"S": names}, containers=(), expected=expected)
+
+
+def messages(node: str) -> dict[str, tuple[str, object]]:
+    """One message of each internal kind, with its subject."""
+    return {
+        "latency": (subjects.latency(node, "c1"),
+                    LatencyEvent(container="c1", node=node, latency_s=0.01, images=1, batch=1)),
+        "state": (subjects.state(node), node_state(node)),
+        "decision": (subjects.decisions(node),
+                     DecisionMsg(node=node, policy="dqoes", round=1, at=time.time(), interval_s=1.0,
+                                 slack_sum_g_s=0.0, slack_sum_b_s=0.0, satisfied=0, containers=())),
+        "objective": (subjects.objectives(node),
+                      ObjectiveAssign(container="c1", objective_s=1.0, revision=2**62)),
+        "control": (subjects.control(node), ControlMsg(initial_interval_s=1.0)),
+    }
+
+
+# --- what each role may publish ------------------------------------------------------------
+
+ALLOWED = {
+    "admin": {"control"},
+    "client": set(),
+    "manager": {"objective"},
+    "worker-n1": {"latency", "state", "decision"},
+    "inference-n1": {"latency"},
+}
+"""Internal message kinds each identity may publish for node n1 (and none for n2, except the
+manager's hand-overs and the admin's control, which are for any node)."""
+
+
+@pytest.mark.parametrize("identity", sorted(ALLOWED))
+async def test_what_each_role_may_publish(default_server, identity):
+    watcher = await Bus.connect(url_as(default_server, "admin"), "watcher")
+    seen: list[str] = []
+    await watcher.subscribe_raw("dqoes.>", lambda inc: seen.append(inc.subject))
+    bus = await Bus.connect(url_as(default_server, identity), identity)
+    try:
+        for node in NODES:
+            for kind, (subject, msg) in messages(node).items():
+                seen.clear()
+                bus.permission_violations.clear()
+                await bus.publish(subject, msg)
+                await settle(bus, watcher)
+                node_wide = kind in ("objective", "control")
+                may = kind in ALLOWED[identity] and (node == "n1" or node_wide)
+                if may:
+                    assert seen == [subject], (identity, subject)
+                    assert not bus.permission_violations
+                else:
+                    assert seen == [], (identity, subject)
+                    assert any("publish" in v for v in bus.permission_violations), (identity, subject)
+        # Public subjects: everyone but the containers and workers may ask for targets and the summary.
+        for subject in (subjects.TARGETS, subjects.CLUSTER_QUERY):
+            seen.clear()
+            bus.permission_violations.clear()
+            await bus.publish_raw(subject, b"{}")
+            await settle(bus, watcher)
+            may = identity in ("admin", "client")
+            assert (seen == [subject]) is may, (identity, subject, seen)
+            assert (not bus.permission_violations) is may
+    finally:
+        await bus.close()
+        await watcher.close()
+
+
+SUBSCRIBE = {
+    "admin": {"dqoes.>": True},
+    "client": {subjects.CLUSTER_STATE: True, subjects.STATE_ALL: True, subjects.DECISIONS_ALL: True,
+               subjects.CONTROL_ALL: False, subjects.OBJECTIVES_ALL: False, subjects.TARGETS: False},
+    "inference-n1": {subjects.latency_of_node("n1"): False, subjects.CLUSTER_STATE: False},
+    "worker-n1": {subjects.latency_of_node("n1"): True, subjects.objectives("n1"): True,
+                  subjects.control("n1"): True, subjects.objectives("n2"): False,
+                  subjects.latency_of_node("n2"): False, subjects.TARGETS: False},
+    "manager": {subjects.STATE_ALL: True, subjects.TARGETS: True, subjects.CONTROL_ALL: False},
+}
+
+
+@pytest.mark.parametrize("identity", sorted(SUBSCRIBE))
+async def test_what_each_role_may_subscribe_to(default_server, identity):
+    bus = await Bus.connect(url_as(default_server, identity), identity)
+    try:
+        for subject, may in SUBSCRIBE[identity].items():
+            bus.permission_violations.clear()
+            sub = await bus.subscribe_raw(subject, lambda inc: None)
+            await settle(bus)
+            refused = any("subscription" in v for v in bus.permission_violations)
+            assert refused is not may, (identity, subject, list(bus.permission_violations))
+            await sub.unsubscribe()
+    finally:
+        await bus.close()
+
+
+async def test_anonymous_and_wrong_passwords_are_refused(default_server):
+    srv, _ = default_server
+    with pytest.raises(BusError, match="[Aa]uthorization"):
+        await Bus.connect(srv.url, "anonymous", connect_timeout_s=2.0)
+    wrong = auth.with_credentials(srv.url, auth.Credentials("admin", "not-the-password"))
+    with pytest.raises(BusError, match="[Aa]uthorization"):
+        await Bus.connect(wrong, "guess", connect_timeout_s=2.0)
+
+
+async def test_only_the_manager_writes_the_bucket_and_nobody_deletes_it(default_server):
+    manager = await Bus.connect(url_as(default_server, "manager"), "manager")
+    kv = await manager.kv(subjects.KV_OBJECTIVES)
+    rev = await kv.put("c1", b'{"container":"c1","objective_s":5.0}')
+    try:
+        for identity in ("admin", "client", "worker-n1", "inference-n1"):
+            bus = await Bus.connect(url_as(default_server, identity), identity)
+            try:
+                await bus.publish_raw(f"$KV.{subjects.KV_OBJECTIVES}.c1", b'{"container":"c1","objective_s":1e-300}')
+                await bus.publish_raw(f"$JS.API.STREAM.DELETE.KV_{subjects.KV_OBJECTIVES}", b"")
+                await bus.publish_raw("$JS.API.STREAM.CREATE.KV_other", b"{}")
+                await settle(bus)
+                assert len(bus.permission_violations) == 3, identity
+                if identity == "client":  # creating a bucket the way the manager does: refused
+                    with pytest.raises((BusError, TimeoutError)):
+                        await asyncio.wait_for(bus.kv("other"), 2)
+            finally:
+                await bus.close()
+        # The manager itself may write its bucket but neither delete nor purge it.
+        await manager.publish_raw(f"$JS.API.STREAM.DELETE.KV_{subjects.KV_OBJECTIVES}", b"")
+        await manager.publish_raw(f"$JS.API.STREAM.PURGE.KV_{subjects.KV_OBJECTIVES}", b"")
+        await settle(manager)
+        assert len(manager.permission_violations) == 2
+        entry = await kv.get_entry("c1")
+        assert entry is not None and entry.revision == rev
+    finally:
+        await manager.close()
+
+
+def test_credentials_are_private_kept_and_rotated(tmp_path):
+    d = tmp_path / "auth"
+    auth.ensure(d, ["n1"])
+    first = auth.load(auth.creds_path(d, "worker-n1"))
+    assert (d.stat().st_mode & 0o777) == 0o700
+    assert all((f.stat().st_mode & 0o777) == 0o600 for f in d.iterdir())
+    auth.ensure(d, ["n2"])  # adding a node keeps the others and their passwords
+    assert auth.load(auth.creds_path(d, "worker-n1")) == first
+    assert auth.creds_path(d, "worker-n2").exists() and auth.nodes_of(d) == ["n1", "n2"]
+    auth.ensure(d, rotate=True)
+    assert auth.load(auth.creds_path(d, "worker-n1")).password != first.password
+    conf = auth.config_path(d).read_text()
+    assert first.password not in conf and auth.load(auth.creds_path(d, "worker-n1")).password in conf
+    assert auth.redact("nats://u:secret@h:1") == "nats://u:***@h:1"
+
+
+# --- the forgeries of issue 11, against a running manager and worker ------------------------
+
+ONE = {
+    "name": "one",
+    "duration_s": 100000,
+    "noise_sigma": 0.0,
+    "nodes": [{"name": "n1", "cores": 2}],
+    "models": [{"name": "m", "work_cpu_s": 2.0, "threads": 1}],
+    "containers": [{"name": "c1", "model": "m", "objective_s": 100.0},
+                   {"name": "c2", "model": "m", "objective_s": 50.0}],
+}
+
+
+async def wait_for(pred, timeout_s: float = 20.0):
+    t_end = time.monotonic() + timeout_s
+    while time.monotonic() < t_end:
+        v = pred()
+        if v:
+            return v
+        await asyncio.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture
+def stack(tmp_path):
+    s = Stack(StackSpec(parse_scenario(json.loads(json.dumps(ONE))), time_scale=5.0, start_delay_s=0.3,
+                        state_interval_s=0.2), run_dir=tmp_path / "run")
+    with s:
+        yield s
+
+
+async def test_forgeries_are_refused_and_change_nothing(stack):
+    client = await Bus.connect(stack.url_for("client"), "client")
+    latest: dict[str, NodeState] = {}
+    await client.subscribe(subjects.STATE_ALL, lambda m, _: latest.__setitem__(m.node, m), expect=NodeState)
+    await wait_for(lambda: "n1" in latest and len(latest["n1"].containers) == 2)
+    reply = parse_target_reply(await client.request(subjects.TARGETS, b'{"container":"c1","objective":40}'))
+    assert reply["ok"], reply
+    await wait_for(lambda: any(c.container == "c1" and c.objective_s == 40 for c in latest["n1"].containers))
+    params_before = dict(latest["n1"].params)
+
+    forgers = {i: await Bus.connect(stack.url_for(i), i) for i in ("client", "inference-n1", "worker-n1")}
+    try:
+        for identity, bus in forgers.items():
+            # A node state for a node that does not exist, "expecting" containers.
+            await bus.publish(subjects.state("ghost"), node_state("ghost", expected=("c9",)))
+            # An objective hand-over with a huge revision, and a direct write to the bucket.
+            await bus.publish(subjects.objectives("n1"),
+                              ObjectiveAssign(container="c1", objective_s=1e-3, revision=2**62))
+            await bus.publish_raw(f"$KV.{subjects.KV_OBJECTIVES}.c1",
+                                  orjson.dumps({"container": "c1", "objective_s": 1e-3}))
+            await bus.publish_raw(f"$JS.API.STREAM.DELETE.KV_{subjects.KV_OBJECTIVES}", b"")
+            # A control message driving the worker to tiny intervals, a decision.
+            await bus.publish(subjects.control("n1"), ControlMsg(initial_interval_s=5e-3, max_interval_s=5e-3))
+            await bus.publish(subjects.decisions("ghost"), messages("ghost")["decision"][1])
+            # Latency events for the other node.
+            await bus.publish(subjects.latency("n2", "c1"), messages("n2")["latency"][1])
+            await settle(bus)
+            assert len(bus.permission_violations) >= 6, (identity, list(bus.permission_violations))
+        # The client may not forge the worker's latency either.
+        await forgers["client"].publish(subjects.latency("n1", "c1"), messages("n1")["latency"][1])
+        await settle(forgers["client"])
+        assert any("dqoes.latency.n1.c1" in v for v in forgers["client"].permission_violations)
+        await asyncio.sleep(1.0)  # a few rounds and state publications
+
+        cs = ClusterState.from_json(await client.request(subjects.CLUSTER_QUERY, b""))
+        assert set(cs.nodes) == {"n1"} and cs.satisfied_total <= 2
+        c1 = next(c for c in latest["n1"].containers if c.container == "c1")
+        assert c1.objective_s == 40 and latest["n1"].params == params_before
+        ghost = parse_target_reply(await client.request(subjects.TARGETS, b'{"container":"c9","objective":4}'))
+        assert not ghost["ok"] and "unknown container" in ghost["error"]
+        manager_view = await Bus.connect(stack.url_for("manager"), "reader")
+        try:
+            kv = await manager_view.kv(subjects.KV_OBJECTIVES)
+            assert {k: orjson.loads(v)["objective_s"] for k, v in (await kv.items()).items()} == {"c1": 40}
+        finally:
+            await manager_view.close()
+        # A later real target still takes effect (the forged revision froze nothing).
+        reply = parse_target_reply(await client.request(subjects.TARGETS, b'{"container":"c1","objective":30}'))
+        assert reply["ok"]
+        await wait_for(lambda: any(c.container == "c1" and c.objective_s == 30 for c in latest["n1"].containers))
+    finally:
+        for b in forgers.values():
+            await b.close()
+        await client.close()
+    logs = stack.logs()
+    assert "Traceback" not in logs
+
+
+async def test_the_admin_may_change_parameters(stack):
+    admin = await Bus.connect(stack.url_for("admin"), "admin")
+    latest: dict[str, NodeState] = {}
+    await admin.subscribe(subjects.STATE_ALL, lambda m, _: latest.__setitem__(m.node, m), expect=NodeState)
+    try:
+        await wait_for(lambda: "n1" in latest)
+        await admin.publish(subjects.control("n1"), ControlMsg(alpha=0.25))
+        await wait_for(lambda: latest["n1"].params.get("alpha") == 0.25)
+    finally:
+        await admin.close()
+
+
+def test_dqoes_up_writes_credentials_outside_the_repository(tmp_path):
+    s = Stack(StackSpec(parse_scenario(ONE)), run_dir=tmp_path / "run")
+    assert s.auth_dir == tmp_path / "run" / "auth"
+    assert {p.name for p in s.auth_dir.iterdir()} >= {
+        "admin.creds", "manager.creds", "client.creds", "worker-n1.creds", "inference-n1.creds",
+        auth.CONFIG_NAME}
+    assert Path(auth.__file__).resolve().parents[1] not in s.auth_dir.resolve().parents
