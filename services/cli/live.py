@@ -28,7 +28,7 @@ from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR
 from services.cli.common import CliError, connect, emit_json, state_dir
 from services.cli.stack import Stack, StackSpec
-from shared import auth, subjects
+from shared import subjects
 from shared.aio import wait_event
 from shared.core import registry
 from shared.core.measures import plateau

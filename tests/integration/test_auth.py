@@ -26,10 +26,12 @@ from shared.public import ClusterState, parse_target_reply
 from shared.scenarios.spec import parse_scenario
 from shared.schema import (
     ControlMsg,
+    ControlReply,
     DecisionMsg,
     LatencyEvent,
     NodeState,
     ObjectiveAssign,
+    decode_as,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.anyio]
@@ -117,7 +119,8 @@ async def test_what_each_role_may_publish(default_server, identity):
                     assert seen == [], (identity, subject)
                     assert any("publish" in v for v in bus.permission_violations), (identity, subject)
         # Public subjects: everyone but the containers and workers may ask for targets and the summary.
-        for subject in (subjects.TARGETS, subjects.CLUSTER_QUERY):
+        for subject in (subjects.TARGETS, subjects.TARGETS_GET, subjects.TARGETS_LIST, subjects.TARGETS_CLEAR,
+                        subjects.CLUSTER_QUERY, subjects.CLUSTER_CONTAINERS):
             seen.clear()
             bus.permission_violations.clear()
             await bus.publish_raw(subject, b"{}")
@@ -138,7 +141,8 @@ SUBSCRIBE = {
     "worker-n1": {subjects.latency_of_node("n1"): True, subjects.objectives("n1"): True,
                   subjects.control("n1"): True, subjects.objectives("n2"): False,
                   subjects.latency_of_node("n2"): False, subjects.TARGETS: False},
-    "manager": {subjects.STATE_ALL: True, subjects.TARGETS: True, subjects.CONTROL_ALL: False},
+    "manager": {subjects.STATE_ALL: True, subjects.TARGETS: True, subjects.TARGETS_ALL: True,
+                subjects.CLUSTER_CONTAINERS: True, subjects.CONTROL_ALL: False},
 }
 
 
@@ -300,15 +304,27 @@ async def test_forgeries_are_refused_and_change_nothing(stack):
     assert "Traceback" not in logs
 
 
-async def test_the_admin_may_change_parameters(stack):
+async def test_the_admin_may_change_parameters_and_the_client_may_use_every_public_request(stack):
     admin = await Bus.connect(stack.url_for("admin"), "admin")
+    client = await Bus.connect(stack.url_for("client"), "client")
     latest: dict[str, NodeState] = {}
     await admin.subscribe(subjects.STATE_ALL, lambda m, _: latest.__setitem__(m.node, m), expect=NodeState)
     try:
         await wait_for(lambda: "n1" in latest)
-        await admin.publish(subjects.control("n1"), ControlMsg(alpha=0.25))
+        # Control is a request the worker answers (allow_responses on its identity).
+        reply = decode_as(await admin.request(subjects.control("n1"), ControlMsg(alpha=0.25)), ControlReply)
+        assert reply.ok and reply.params["alpha"] == 0.25
         await wait_for(lambda: latest["n1"].params.get("alpha") == 0.25)
+        # The manager answers the client on every public subject.
+        for subject, body in ((subjects.TARGETS, b'{"container":"c2","objective":20}'),
+                              (subjects.TARGETS_GET, b'{"container":"c2"}'),
+                              (subjects.TARGETS_LIST, b"{}"),
+                              (subjects.TARGETS_CLEAR, b'{"container":"c2"}')):
+            assert orjson.loads(await client.request(subject, body))["ok"], subject
+        assert orjson.loads(await client.request(subjects.CLUSTER_CONTAINERS, b""))
+        assert ClusterState.from_json(await client.request(subjects.CLUSTER_QUERY, b"")).nodes
     finally:
+        await client.close()
         await admin.close()
 
 

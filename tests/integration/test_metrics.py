@@ -107,8 +107,11 @@ def test_manager_metrics_count_targets_and_sum_the_cluster(stack):
         try:
             await bus.request(subjects.TARGETS, b'{"container": "c02", "objective": 30}', timeout_s=3)
             await bus.request(subjects.TARGETS, b'{"container": "c02", "objective": -1}', timeout_s=3)
-            await bus.publish_raw(subjects.state("worker-1"), b"\x00 not msgpack")
-            await bus.flush()
+            # Only the node's own worker identity may publish its state (shared/auth.py).
+            worker = await Bus.connect(stack.url_for("worker-worker-1"), "test-metrics-worker")
+            await worker.publish_raw(subjects.state("worker-1"), b"\x00 not msgpack")
+            await worker.flush()
+            await worker.close()
         finally:
             await bus.close()
 
