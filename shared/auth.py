@@ -8,10 +8,10 @@ subject permissions, enforced by nats-server itself:
 
 | role               | publishes                                           | subscribes                                   |
 |--------------------|-----------------------------------------------------|----------------------------------------------|
-| `inference-<node>` | latency of its node's containers                    | nothing                                      |
-| `worker-<node>`    | its node's decisions and state; latency of its node (the sim and cgroup runtimes publish for their containers) | its node's latency, objectives and control |
-| `manager`          | objective hand-overs, the cluster summary, the objectives bucket (JetStream API for that bucket only), replies | node states, targets, cluster queries |
-| `client`           | target requests, cluster queries                    | cluster summary, node states, decisions, latency, replies |
+| `inference-<node>` | latency and training progress of its node's containers | nothing                                   |
+| `worker-<node>`    | its node's decisions, state and training state; latency and progress of its node (the sim and cgroup runtimes publish for their containers); replies | its node's latency, progress, objectives, control and launches |
+| `manager`          | objective hand-overs, launches, the cluster summary, the objectives bucket (JetStream API for that bucket only), replies | node and training states, targets, submits, cluster queries |
+| `client`           | target requests (set, get, list, clear), submits, cluster queries | cluster summary, node and training states, decisions, latency, progress, replies |
 | `admin`            | what a client does, and control messages            | what a client does                           |
 
 A request's reply goes to the requester's `_INBOX.<random>`; responders get
@@ -133,30 +133,34 @@ P = subjects.PREFIX
 
 def _rules(role: str, node: str | None, bucket: str) -> Permissions:
     """The permission table. Add a new subject here: who publishes, who subscribes."""
-    client_pub = (subjects.TARGETS, subjects.TARGETS_ALL, subjects.CLUSTER_QUERY, subjects.CLUSTER_CONTAINERS)
+    client_pub = (subjects.TARGETS, subjects.TARGETS_ALL, subjects.CLUSTER_QUERY, subjects.CLUSTER_CONTAINERS,
+                  subjects.SUBMIT)
     client_sub = (subjects.CLUSTER_STATE, subjects.STATE_ALL, subjects.DECISIONS_ALL,
-                  subjects.LATENCY_ALL, INBOX)
+                  subjects.LATENCY_ALL, subjects.TRAINING_ALL, subjects.PROGRESS_ALL, INBOX)
     if role == "admin":
         return Permissions(publish=(*client_pub, subjects.CONTROL_ALL), subscribe=(f"{P}.>", INBOX))
     if role == "client":
         return Permissions(publish=client_pub, subscribe=client_sub)
     if role == "manager":
         return Permissions(
-            publish=(subjects.OBJECTIVES_ALL, subjects.CLUSTER_STATE, *bucket_subjects(bucket)),
+            publish=(subjects.OBJECTIVES_ALL, subjects.CLUSTER_STATE, subjects.LAUNCH_ALL, *bucket_subjects(bucket)),
             subscribe=(subjects.STATE_ALL, subjects.TARGETS, subjects.TARGETS_ALL, subjects.CLUSTER_QUERY,
-                       subjects.CLUSTER_CONTAINERS, subjects.CLUSTER_STATE, INBOX),
+                       subjects.CLUSTER_CONTAINERS, subjects.CLUSTER_STATE, subjects.SUBMIT, subjects.TRAINING_ALL,
+                       INBOX),
             allow_responses=True,
         )
     assert node is not None
     if role == "worker":
         return Permissions(
-            publish=(subjects.decisions(node), subjects.state(node), subjects.latency_of_node(node)),
+            publish=(subjects.decisions(node), subjects.state(node), subjects.latency_of_node(node),
+                     subjects.training(node), subjects.progress_of_node(node)),
             subscribe=(subjects.latency_of_node(node), subjects.objectives(node), subjects.control(node),
-                       INBOX),
+                       subjects.progress_of_node(node), subjects.launch(node), INBOX),
             allow_responses=True,  # it acknowledges control requests (ControlReply)
         )
     if role == "inference":
-        return Permissions(publish=(subjects.latency_of_node(node),), subscribe=())
+        # The node's inference containers and training jobs: their own batches and epochs.
+        return Permissions(publish=(subjects.latency_of_node(node), subjects.progress_of_node(node)), subscribe=())
     raise AuthError(f"unknown role {role!r}")
 
 

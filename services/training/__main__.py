@@ -11,7 +11,7 @@ import argparse
 import socket
 import sys
 
-from shared.settings import add_common, flag, setup_logging
+from shared.settings import add_common, flag, nats_url, setup_logging
 
 
 def parse(argv: list[str] | None = None):
@@ -44,7 +44,7 @@ def parse(argv: list[str] | None = None):
     for f in ("epochs", "batch"):
         if getattr(a, f) < 1:
             ap.error(f"--{f} must be >= 1")
-    return a, TrainingConfig(name=a.name, node=a.node, nats_url=a.nats, model=a.model, epochs=a.epochs,
+    return a, TrainingConfig(name=a.name, node=a.node, nats_url=nats_url(ap, a), model=a.model, epochs=a.epochs,
                              batch=a.batch, steps_per_epoch=a.steps_per_epoch, threads=a.threads, seed=a.seed,
                              converge_delta=a.converge_delta, converge_patience=a.converge_patience)
 

@@ -186,7 +186,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
                 worker.wake.set()
 
         async def on_launch(m: Launch, incoming: Any) -> None:
-            await bus.reply(incoming, await side.launch(m, cfg.nats_url))
+            await bus.reply(incoming, await side.launch(m, cfg.nats_url, cfg.nats_creds))
 
         await bus.subscribe(subjects.progress_of_node(cfg.node), on_progress, expect=(Progress, JobDone))
         await bus.subscribe(subjects.launch(cfg.node), on_launch, expect=Launch)

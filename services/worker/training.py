@@ -129,7 +129,7 @@ class TrainingSide:
         log.info("training job %s reports done after %d epochs (%.1f s)%s", msg.job, msg.epochs, msg.duration_s,
                  "" if msg.ok else f": {msg.reason}")
 
-    async def launch(self, msg: Launch, nats_url: str) -> LaunchReply:
+    async def launch(self, msg: Launch, nats_url: str, nats_creds: str | None = None) -> LaunchReply:
         """Start a job the manager placed here; the reply says whether it runs (never raises)."""
         def no(error: str) -> LaunchReply:
             log.warning("training job %s not started: %s", msg.job, error)
@@ -142,7 +142,8 @@ class TrainingSide:
             return no(f"this node's runtime cannot start jobs ({type(self.runtime).__name__})")
         if msg.job in self.tracker.jobs:
             return no(f"a training job named {msg.job} is already running here")
-        spec = LaunchSpec(job=msg.job, model=msg.model, nats_url=nats_url, epochs=msg.epochs, threads=msg.threads,
+        spec = LaunchSpec(job=msg.job, model=msg.model, nats_url=nats_url, nats_creds=nats_creds, epochs=msg.epochs,
+                          threads=msg.threads,
                           seed=msg.seed, image=msg.image)
         try:
             await start(spec)

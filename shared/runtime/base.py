@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
+from urllib.parse import urlsplit, urlunsplit
 
 from shared.core.profiles import ModelProfile
 from shared.runtime.cgroupfs import Throttling
@@ -96,11 +97,22 @@ class LaunchSpec:
     seed: int = 0
     image: str | None = None
     """Docker: the image (None: the runtime's default); the cgroup runtime runs no images."""
+    nats_creds: str | None = None
+    """A credentials file on this machine (the worker's): processes get the file's path on their
+    command line instead of a URL with the password in it (ps shows command lines)."""
 
-    def argv(self, node: str, python: str = "python") -> list[str]:
-        """The training process's command line (`python -m services.training ...`)."""
+    def argv(self, node: str, python: str = "python", *, local: bool = True) -> list[str]:
+        """The training process's command line (`python -m services.training ...`).
+
+        `local` False (a container): the credentials file is not there, so the URL keeps them."""
         out = [python, "-m", "services.training", "--name", self.job, "--node", node, "--model", self.model,
-               "--seed", str(self.seed), "--nats", self.nats_url]
+               "--seed", str(self.seed)]
+        if local and self.nats_creds:
+            parts = urlsplit(self.nats_url)
+            plain = urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, ""))
+            out += ["--nats", plain, "--creds", self.nats_creds]
+        else:
+            out += ["--nats", self.nats_url]
         if self.epochs is not None:
             out += ["--epochs", str(self.epochs)]
         if self.threads is not None:

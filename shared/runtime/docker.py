@@ -198,7 +198,7 @@ class DockerRuntime(RealClock):
             raise RuntimeFailure(f"docker engine unreachable: {_one_line(e)}") from e
         try:
             created = api.create_container(
-                image, command=spec.argv(self.node), name=spec.job, labels=labels, detach=True,
+                image, command=spec.argv(self.node, local=False), name=spec.job, labels=labels, detach=True,
                 environment={"DQOES_NODE": self.node, "DQOES_JOB_NAME": spec.job},
                 host_config=api.create_host_config(network_mode="host", init=True),
             )

@@ -133,15 +133,47 @@ async def test_what_each_role_may_publish(default_server, identity):
         await watcher.close()
 
 
+TRAINING_SUBJECTS = {
+    subjects.progress("n1", "j1"): {"worker-n1", "inference-n1"},
+    subjects.progress("n2", "j1"): set(),
+    subjects.training("n1"): {"worker-n1"},
+    subjects.training("n2"): set(),
+    subjects.launch("n1"): {"manager"},
+    subjects.SUBMIT: {"admin", "client"},
+}
+"""FlowCon's subjects: who may publish each (raw bytes; the server does not look inside)."""
+
+
+@pytest.mark.parametrize("identity", sorted(ALLOWED))
+async def test_who_may_publish_the_training_subjects(default_server, identity):
+    watcher = await Bus.connect(url_as(default_server, "admin"), "watcher")
+    seen: list[str] = []
+    await watcher.subscribe_raw("dqoes.>", lambda inc: seen.append(inc.subject))
+    bus = await Bus.connect(url_as(default_server, identity), identity)
+    try:
+        for subject, who in TRAINING_SUBJECTS.items():
+            seen.clear()
+            bus.permission_violations.clear()
+            await bus.publish_raw(subject, b"x")
+            await settle(bus, watcher)
+            assert (seen == [subject]) is (identity in who), (identity, subject, seen)
+            assert (not bus.permission_violations) is (identity in who), (identity, subject)
+    finally:
+        await bus.close()
+        await watcher.close()
+
+
 SUBSCRIBE = {
     "admin": {"dqoes.>": True},
     "client": {subjects.CLUSTER_STATE: True, subjects.STATE_ALL: True, subjects.DECISIONS_ALL: True,
                subjects.CONTROL_ALL: False, subjects.OBJECTIVES_ALL: False, subjects.TARGETS: False},
     "inference-n1": {subjects.latency_of_node("n1"): False, subjects.CLUSTER_STATE: False},
     "worker-n1": {subjects.latency_of_node("n1"): True, subjects.objectives("n1"): True,
+                  subjects.launch("n1"): True, subjects.progress_of_node("n1"): True, subjects.launch("n2"): False,
                   subjects.control("n1"): True, subjects.objectives("n2"): False,
                   subjects.latency_of_node("n2"): False, subjects.TARGETS: False},
     "manager": {subjects.STATE_ALL: True, subjects.TARGETS: True, subjects.TARGETS_ALL: True,
+                subjects.SUBMIT: True, subjects.TRAINING_ALL: True,
                 subjects.CLUSTER_CONTAINERS: True, subjects.CONTROL_ALL: False},
 }
 
