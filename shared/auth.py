@@ -359,7 +359,7 @@ def add_actions(p: object) -> None:
         ("show", "list identities, their credentials files and permissions (never passwords)"),
     ):
         q = a.add_parser(name, help=helptext, description=helptext)
-        q.add_argument("--dir", required=True, help="the credentials directory (dqoes up: <data dir>/<stack>/auth)")
+        q.add_argument("--dir", required=True, help="the credentials directory (dqoes up: <data dir>/auth)")
         if name in ("init", "add-node"):
             q.add_argument("--node", action="append", default=[], metavar="NODE",
                            help="a node name (repeatable)" + ("; at least one" if name == "add-node" else ""))
