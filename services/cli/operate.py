@@ -245,7 +245,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
 
     async def go() -> dict[str, Any]:
-        bus = await connect(resolve_url(args.nats), "dqoes-submit")
+        bus = await connect(resolve_url(args.nats, args.creds), "dqoes-submit")
         try:
             reply = await bus.request(subjects.SUBMIT, data, timeout_s=args.timeout)
         except (NoResponders, RequestTimeout):
@@ -477,6 +477,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="data and weights seed")
     p.add_argument("--timeout", type=float, default=40.0, help="seconds to wait for the reply (default 40)")
     p.add_argument("--nats", help=nats_help)
+    p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the reply as one JSON object")
     p.set_defaults(func=cmd_submit)
 

@@ -212,7 +212,7 @@ def test_live_page_shows_the_cluster_and_the_form_talks_to_its_manager(monkeypat
             {"container": "ghost", "objective": 12.0},
         ]
 
-    with BusTap(small_stack.url, subjects.TARGETS_CLEAR) as tap:
+    with BusTap(small_stack.url_for("admin"), subjects.TARGETS_CLEAR) as tap:
         field(at, "container").input("c3")
         next(b for b in at.button if b.label == "Clear objective").click()
         at.run()

@@ -20,7 +20,14 @@ async function ask(nc, subject, body) {
   return reply;
 }
 
-const nc = await connect({ servers: url, name: "nats.js public client" });
+// The deployment's client credentials come in the URL (nats://user:password@host:port).
+const parsed = new URL(url.replace(/^nats:/, "http:"));
+const opts = { servers: `${parsed.hostname}:${parsed.port}`, name: "nats.js public client" };
+if (parsed.username) {
+  opts.user = decodeURIComponent(parsed.username);
+  opts.pass = decodeURIComponent(parsed.password);
+}
+const nc = await connect(opts);
 try {
   const listed = await ask(nc, "dqoes.cluster.containers");
   if (!listed.ok || !Array.isArray(listed.containers) || listed.containers.length === 0) {
