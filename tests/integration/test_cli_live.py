@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -101,3 +102,32 @@ def test_bad_target_arguments_send_nothing(stack, args, words):
 def test_status_with_nothing_running_is_one_clear_line(tmp_path):
     r = dqoes("status", "--nats", "nats://127.0.0.1:9", env=tmp_path)
     assert r.returncode == 2 and "cannot connect" in r.stderr and "Traceback" not in r.stderr
+
+
+def _shape(line: str) -> str:
+    """A printed line with its numbers and padding taken out: what stays the same from run to run."""
+    return re.sub(r"\s+", " ", re.sub(r"\d+(\.\d+)?", "N", line)).strip()
+
+
+def test_the_readme_shows_what_dqoes_up_prints(tmp_path):
+    """README's demo block has the lines `dqoes up --twin` prints, in the same shapes and order."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("`make demo` starts two deployments", 1)[1].split("```", 2)[1]
+    shown = [line for line in block.strip().splitlines() if line != "..."]
+    r = dqoes("up", "--twin", "--scenario", "paper-varied", "--time-scale", "60", "--duration", "300",
+              "--no-dashboard", "--no-metrics", "--run-dir", str(tmp_path / "run"), timeout=180, env=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    printed = r.stdout.strip().splitlines()
+    progress = [_shape(x) for x in printed if x.startswith("t = ")]
+    final = [_shape(x) for x in printed[printed.index(next(x for x in printed if x.startswith("final"))):]]
+    for line in shown:
+        s = _shape(line)
+        if line.startswith("t = "):
+            # one node here, four in the demo: compare with the per-node counts taken out
+            assert re.sub(r"\(N(/N)*\)", "(N)", s) in {re.sub(r"\(N(/N)*\)", "(N)", p) for p in progress}, line
+        elif line.startswith("  dqoes ") or line.startswith("  default "):
+            assert re.sub(r"\(.*\)", "", s) in {re.sub(r"\(.*\)", "", f) for f in final}, line
+        elif line.startswith("  DQoES / default"):  # here default Swarm may have 0 in band: "no ratio"
+            assert s.split(", in band")[0] in {f.split(", in band")[0] for f in final}, line
+        else:
+            assert s in final, line
