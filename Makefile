@@ -4,12 +4,13 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench bench-policies results figures images screenshot compose-demo swarm-demo clean help
+.PHONY: setup demo test lint bench fuzz bench-policies results figures images screenshot compose-demo swarm-demo clean help
 
 help:
 	@echo "make demo     run the main job (see README)"
 	@echo "make test     set up and run the test suite"
 	@echo "make bench    run the benchmarks and print figures"
+	@echo "make fuzz     10,000 generated bad inputs at every entry point (minutes)"
 	@echo "make bench-policies  every policy on 20 held-out random clusters; tables into docs/results.md"
 	@echo "make results  regenerate the generated tables in docs/results.md"
 	@echo "make figures  regenerate the figures in docs/img (Altair, rendered offline; the screenshot needs chromium)"
@@ -39,6 +40,11 @@ test: lint
 
 bench: setup
 	$(BIN)/python -m bench
+
+# Every entry point (targets, latency, decisions, states, objective hand-overs, control,
+# scenario files, container labels) with 10,000 generated inputs each (bench/fuzz_inputs.py).
+fuzz: setup
+	$(BIN)/python -m bench fuzz
 
 bench-policies: setup
 	DQOES_BENCH_UPDATE=docs/results.md $(BIN)/python -m bench policies

@@ -17,6 +17,7 @@ with a one-line reason a person can act on. Shapes: docs/api.md.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from typing import Any, ClassVar
 import msgpack
 import orjson
 
+from shared.core import bounds
 from shared.schema import SCHEMA_VERSION
 from shared.validation import (
     FINITE,
@@ -52,8 +54,10 @@ from shared.validation import (
 MAX_TARGET_BYTES = 64 * 1024
 """A public target request larger than this is rejected before it is parsed."""
 
-MAX_OBJECTIVE_S = 86400.0
+MAX_OBJECTIVE_S = bounds.MAX_OBJECTIVE_S
 """Largest accepted objective: a day per batch is surely a typo."""
+MIN_OBJECTIVE_S = bounds.MIN_OBJECTIVE_S
+"""Smallest accepted objective: a millisecond per batch."""
 
 # --- cluster summary (public JSON) ------------------------------------------------------
 
@@ -168,6 +172,8 @@ def _objective(value: Any) -> float:
         raise Invalid(f"must be a finite number of seconds per batch, got {show(value)}")
     if seconds <= 0:
         raise Invalid(f"must be > 0 seconds per batch, got {show(value)}")
+    if seconds < MIN_OBJECTIVE_S:
+        raise Invalid(f"must be at least {MIN_OBJECTIVE_S:g} seconds per batch, got {show(value)}")
     if seconds > MAX_OBJECTIVE_S:
         raise Invalid(
             f"must be at most {MAX_OBJECTIVE_S:g} seconds per batch (a day), got {show(value)}"
@@ -193,13 +199,44 @@ class TargetRequest(Checked):
         return orjson.dumps(body)
 
 
+class DuplicateKey(ValueError):
+    """A JSON object or msgpack map naming one key twice."""
+
+
+def _no_duplicates(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(f"duplicate key {show(key)}")
+        out[key] = value
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_strict(payload: bytes) -> Any:
+    """JSON with every object's keys unique (else DuplicateKey); NaN and Infinity refused.
+
+    `{"container": "nope", "container": "c07"}` must not quietly mean c07
+    (issue 11): a client that sends a key twice gets an error, not the last one.
+    """
+    return json.loads(payload, object_pairs_hook=_no_duplicates, parse_constant=_reject_constant)
+
+
 def _load_map(payload: bytes) -> Any:
-    """JSON first (what `nats req` sends), then msgpack."""
+    """JSON first (what `nats req` sends), then msgpack; a key twice is refused in both."""
     try:
-        return orjson.loads(payload)
+        return loads_strict(payload)
+    except DuplicateKey as e:
+        raise SchemaError(f"payload names a key twice ({e})") from None
     except Exception as json_error:
         try:
-            return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            return msgpack.unpackb(payload, raw=False, strict_map_key=False,
+                                   object_pairs_hook=_no_duplicates)
+        except DuplicateKey as e:
+            raise SchemaError(f"payload names a key twice ({e})") from None
         except Exception:
             raise SchemaError(
                 f"payload is neither JSON nor msgpack (JSON: {show(str(json_error))})"

@@ -52,7 +52,10 @@ from shared.validation import (
     FINITE,
     FRACTION,
     IDS,
+    INTERVAL,
+    LATENCY,
     NONNEG,
+    OBJECTIVE,
     OPEN_FRACTION,
     POSITIVE,
     UNIX_S,
@@ -122,7 +125,7 @@ class LatencyEvent(Checked):
 
     container: str = checked(ident)
     node: str = checked(ident)
-    latency_s: float = checked(POSITIVE)
+    latency_s: float = checked(LATENCY)
     images: int = checked(integer(1))
     batch: int = checked(integer(0))
     cpu_s: float = checked(NONNEG, default=0.0)
@@ -293,7 +296,7 @@ class ObjectiveAssign(Checked):
     NAME: ClassVar[str] = "objective"
 
     container: str = checked(ident)
-    objective_s: float | None = checked(optional(POSITIVE))
+    objective_s: float | None = checked(optional(OBJECTIVE))
     alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
     revision: int = checked(integer(0))
 
@@ -313,8 +316,8 @@ class ControlMsg(Checked):
 
     alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
     beta: float | None = checked(optional(OPEN_FRACTION), default=None)
-    initial_interval_s: float | None = checked(optional(POSITIVE), default=None)
-    max_interval_s: float | None = checked(optional(POSITIVE), default=None)
+    initial_interval_s: float | None = checked(optional(INTERVAL), default=None)
+    max_interval_s: float | None = checked(optional(INTERVAL), default=None)
     params: dict[str, float] = checked(float_map, factory=dict)
 
     def asked(self) -> dict[str, float]:

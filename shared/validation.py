@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from shared import subjects
+from shared.core import bounds
 
 MAX_TEXT_CHARS = 4096
 """Longest text field accepted in a message."""
@@ -156,6 +157,22 @@ def nested(cls: type) -> Check:
 
 
 POSITIVE = number("a finite number > 0", lambda x: x > 0)
+def seconds_within(lo: float, hi: float, what: str) -> Check:
+    """A number > 0 (POSITIVE's message), then within [lo, hi] seconds (issue 11's bounds)."""
+    def check(value: Any) -> float:
+        x = POSITIVE(value)
+        if x < lo:
+            raise Invalid(f"must be at least {lo:g} seconds{what}, got {show(value)}")
+        if x > hi:
+            raise Invalid(f"must be at most {hi:g} seconds{what}, got {show(value)}")
+        return x
+
+    return check
+
+
+OBJECTIVE = seconds_within(bounds.MIN_OBJECTIVE_S, bounds.MAX_OBJECTIVE_S, " per batch")
+LATENCY = seconds_within(0.0, bounds.MAX_LATENCY_S, " (a week)")
+INTERVAL = seconds_within(bounds.MIN_INTERVAL_S, bounds.MAX_INTERVAL_S, "")
 NONNEG = number("a finite number >= 0", lambda x: x >= 0)
 FINITE = number("a finite number", lambda x: True)
 UNIX_S = number("a unix time in seconds (finite, >= 0)", lambda x: x >= 0)

@@ -38,6 +38,7 @@ from shared.public import (
     target_reply_error,
     target_reply_ok,
 )
+from shared.ratelog import RateLimitedLog
 from shared.schema import NodeState, ObjectiveAssign, SchemaError
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ class Manager:
         self._sent: dict[str, tuple[str, int, float]] = {}
         self.accepted = 0
         self.rejected = 0
+        self.rejections = RateLimitedLog(log, logging.INFO)
+        """Rejected requests: one log line per 5 s with a count (any client can send them)."""
         self.cleared = 0
 
     async def load(self) -> int:
@@ -165,7 +168,7 @@ class Manager:
             o, node, running = await self.set_target(payload)
         except TargetRejected as e:
             self.rejected += 1
-            log.info("target rejected: %s", e)
+            self.rejections.log("target rejected", "target rejected: %s", e)
             return target_reply_error(str(e))
         self.accepted += 1
         return target_reply_ok(container=o.container, objective_s=o.objective_s, alpha=o.alpha,

@@ -21,6 +21,7 @@ from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController
 from shared.core.types import Cls, Decision
+from shared.ratelog import RateLimitedLog
 from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
 from shared.schema import (
     ContainerState,
@@ -79,6 +80,9 @@ class Worker:
         self._throttle_prev: dict[str, Throttling] = {}
         self._release: set[str] = set()
         self.wake = asyncio.Event()
+        self._stale_seen: dict[tuple[str, int], ObjectiveAssign] = {}
+        self.refusals = RateLimitedLog(log, logging.WARNING)
+        """Refused control messages and objectives: one line per 5 s per kind, with a count."""
         self._next_state_wall = 0.0
         self._stopping = False
 
@@ -110,10 +114,27 @@ class Worker:
             self.wake.set()
 
     def on_objective(self, msg: ObjectiveAssign) -> None:
+        """A hand-over from the manager; revisions only move forward, except when the manager insists.
+
+        A lower revision than the one held is an old message arriving late and
+        is ignored, once. The manager re-sends what its store holds while the
+        worker reports something else, so the same lower revision arriving a
+        second time means the store says so: the worker takes it (a revision
+        from nowhere, such as a forged 2^62, cannot freeze an objective).
+        """
         prev = self.assigned.get(msg.container)
         if prev is not None and msg.revision < prev.revision:
-            log.debug("ignoring stale objective for %s (revision %d < %d)", msg.container, msg.revision, prev.revision)
-            return
+            key = (msg.container, msg.revision)
+            if key not in self._stale_seen:
+                self._stale_seen[key] = msg
+                if len(self._stale_seen) > 4096:  # bounded: the oldest go first
+                    del self._stale_seen[next(iter(self._stale_seen))]
+                log.debug("ignoring stale objective for %s (revision %d < %d)",
+                          msg.container, msg.revision, prev.revision)
+                return
+            self.refusals.log("objective-back", "objective for %s taken back to revision %d (held %d): "
+                              "the manager's store says so", msg.container, msg.revision, prev.revision)
+        self._stale_seen.pop((msg.container, msg.revision), None)
         self.assigned[msg.container] = msg
         if msg.container in self.ctrl.containers:
             self._set_objective(msg.container, msg.objective_s, msg.alpha)
@@ -150,7 +171,7 @@ class Worker:
                 log.info("parameters now %s", params)
                 self.wake.set()
         if error:
-            log.warning("control message refused: %s", error)
+            self.refusals.log("control", "control message refused: %s", error)
         return ControlReply(node=self.node, policy=policy.name, ok=not error, error=error,
                             params=self.params_in_force(), changed=() if error else tuple(sorted(asked)))
 
@@ -196,7 +217,7 @@ class Worker:
         try:
             self.ctrl.set_objective(name, objective_s, self.clock(), alpha)
         except (KeyError, ValueError) as e:
-            log.warning("objective for %s refused: %s", name, e)
+            self.refusals.log("objective", "objective for %s refused: %s", name, e)
             return
         if was_managed and objective_s is None:
             # Unmanaged now: nothing will move its limit again, so release it.

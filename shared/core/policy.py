@@ -17,12 +17,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from shared.core.bounds import MAX_INTERVAL_S, MIN_INTERVAL_S
 from shared.core.classification import Classification
 from shared.core.profiles import ModelProfile
 from shared.core.types import ContainerDecision, Decision, NodeView
-
-MIN_INTERVAL_S = 0.05
-"""Shortest control interval any policy accepts: a round is at most 20 times a second."""
 
 
 def check_open_fraction(value: Any, name: str) -> None:
@@ -34,11 +32,12 @@ def check_open_fraction(value: Any, name: str) -> None:
 
 
 def check_interval(value: Any, name: str = "initial_interval_s") -> None:
-    """A control interval in seconds: finite and at least MIN_INTERVAL_S."""
+    """A control interval in seconds: finite, within [MIN_INTERVAL_S, MAX_INTERVAL_S]."""
     if isinstance(value, bool) or not isinstance(value, int | float) or not (
-        math.isfinite(value) and value >= MIN_INTERVAL_S
+        math.isfinite(value) and MIN_INTERVAL_S <= value <= MAX_INTERVAL_S
     ):
-        raise ValueError(f"{name} must be a number of seconds >= {MIN_INTERVAL_S:g}, got {value!r}")
+        raise ValueError(f"{name} must be a number of seconds in [{MIN_INTERVAL_S:g}, {MAX_INTERVAL_S:g}], "
+                         f"got {value!r}")
 
 
 def check_total_resource(value: Any) -> None:

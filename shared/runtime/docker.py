@@ -37,6 +37,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
+from shared.core import bounds
 from shared.runtime import cgroupfs
 from shared.runtime.base import (
     ALPHA_LABEL,
@@ -88,6 +89,9 @@ def parse_labels(labels: Mapping[str, str]) -> tuple[float | None, float | None,
         return value
 
     objective_s = number(OBJECTIVE_LABEL)
+    if objective_s is not None and (problem := bounds.objective_problem(objective_s)) is not None:
+        errors.append(f"{OBJECTIVE_LABEL}={labels[OBJECTIVE_LABEL]!r}: {problem}")
+        objective_s = None
     alpha = number(ALPHA_LABEL)
     if alpha is not None and alpha >= 1:
         errors.append(f"{ALPHA_LABEL}={labels[ALPHA_LABEL]!r} is not in (0, 1)")
