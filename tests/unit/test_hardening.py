@@ -25,7 +25,7 @@ def test_five_thousand_bad_requests_write_one_line_with_a_count(h, caplog):
     now = [0.0]
     h.manager.rejections.clock = lambda: now[0]
     with caplog.at_level(logging.INFO, logger="services.manager.logic"):
-        for i in range(5000):
+        for _ in range(5000):
             reply = parse_target_reply(h.run(h.manager.on_target(b'{"container": "nope", "objective": 3}')))
             assert not reply["ok"]
         now[0] = 6.0
