@@ -181,6 +181,10 @@ async def test_worker_limits_real_inference_containers_and_releases_a_stopped_on
     info = cl.inspect(lax)
     assert engine_limit_cores(info) == pytest.approx(limit * 2.0, rel=0.02)
     assert kernel_quota_cores(info) == pytest.approx(limit * 2.0, rel=0.02)
+    # Throttling is measured from cpu.stat and reported per container in the node state.
+    await wait_until(lambda: all(c.throttled_ratio is not None for c in cl.state.containers
+                                 if c.container in (lax, mid, tight)), 30, "throttling in the node state")
+    assert all(0.0 <= c.throttled_ratio <= 1.0 for c in cl.state.containers if c.throttled_ratio is not None)
 
     # The unlabelled container: never in a decision or a state, never updated.
     seen = {c.container for d in cl.decisions for c in d.containers}
