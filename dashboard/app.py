@@ -34,5 +34,6 @@ pages = [
         icon=":material/history:",
         url_path="recorded",
     ),
+    st.Page("app_pages/training.py", title="Training", icon=":material/model_training:", url_path="training"),
 ]
 st.navigation(pages).run()

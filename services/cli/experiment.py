@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from experiments import real, report, threads
+from experiments import real, report, threads, training_calibrate, training_real
 from experiments import training as training_exp
 from experiments.common import update_section
 from services.cli.common import CliError, emit_json, parse_seeds, profiles_from
@@ -205,6 +205,32 @@ def cmd_training_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_training_real(args: argparse.Namespace) -> int:
+    opts = training_real.TrainingRealOptions(
+        jobs=args.jobs, policies=args.policies, cores=args.cores, threads=args.threads, interval_s=args.interval,
+        timeout_s=args.timeout, repeat=args.repeat, out=args.out, from_file=args.from_file, update=args.update)
+    s, md = training_real.run(opts, lambda m: print(m, file=sys.stderr, flush=True))
+    if args.json:
+        emit_json(s)
+    elif not args.update:
+        print(md)
+    return 0
+
+
+def cmd_calibrate_training(args: argparse.Namespace) -> int:
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.epochs < 3:
+        raise CliError("--epochs must be >= 3 (a curve needs three points)")
+    d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True))
+    if args.out:
+        Path(args.out).write_text(d["toml"])
+    if args.json:
+        emit_json(d)
+    else:
+        print(training_calibrate.render_markdown(d))
+    return 0
+
+
 def cmd_threads(args: argparse.Namespace) -> int:
     opts = threads.ThreadsOptions(models=args.models, limits=args.limits, pinned=args.pinned,
                                   batch_size=args.batch_size, resolution=args.resolution, batches=args.batches,
@@ -292,6 +318,36 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--update", metavar="FILE", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
     p.set_defaults(func=cmd_training_report)
+
+    p = es.add_parser(
+        "calibrate-training", help="fit the simulator's training-job profiles to the real workloads' loss curves",
+        description="Run each real training task alone (one thread) for --epochs epochs, fit "
+        "E(e) = floor + (start - floor) exp(-rate e) to its epoch losses, and write profiles for the simulator "
+        "(CPU per epoch scaled to paper-length jobs; docs/training.md). Progress goes to stderr.")
+    p.add_argument("--models", default="vae,cnn,mlp,lstm,gru", help="comma-separated (default: all five)")
+    p.add_argument("--epochs", type=int, default=30, help="epochs per task (default 30)")
+    p.add_argument("--out", metavar="TOML", help="write the fitted profiles here")
+    p.add_argument("--json", action="store_true", help="last line of stdout: the measurements and fits")
+    p.set_defaults(func=cmd_calibrate_training)
+
+    tr = training_real.TrainingRealOptions()
+    p = es.add_parser(
+        "training-real", help="FlowCon vs default on real training processes here (root): completion, CPU split",
+        description="Start a private NATS, the manager and one worker (cgroup runtime), submit real training jobs "
+        "through dqoes.submit at their offsets under each policy in turn, and record completion times and every "
+        "job's CPU and limit after each training round. Needs root and torch. Progress goes to stderr.")
+    p.add_argument("--jobs", default=tr.jobs, help=f"model:offset_s:epochs, comma-separated (default {tr.jobs})")
+    p.add_argument("--policies", default=tr.policies, help=f"run in this order (default {tr.policies})")
+    p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
+    p.add_argument("--threads", type=int, default=tr.threads, help="every job's intra-op threads (default 2)")
+    p.add_argument("--interval", type=float, default=tr.interval_s, help="FlowCon's initial interval, s (default 2)")
+    p.add_argument("--timeout", type=float, default=tr.timeout_s, help="give up on a policy after N s (default 400)")
+    p.add_argument("--repeat", type=int, default=tr.repeat, help="run the policies in turn N times (default 1)")
+    p.add_argument("--out", help="directory for the raw records (default runs/training-real-<time>)")
+    p.add_argument("--from", dest="from_file", metavar="FILE", help="run nothing: report from a summary.json")
+    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
+    p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
+    p.set_defaults(func=cmd_training_real)
 
     p = es.add_parser(
         "real", help="DQoES vs default on real inference containers here, with the simulator's forecast",

@@ -129,3 +129,14 @@ def test_cli_run_reports_completion_makespan_and_mean():
     bad = subprocess.run([sys.executable, "-m", "services.cli", "experiment", "run", "flowcon-3jobs", "--policy",
                           "dqoes"], capture_output=True, text=True)
     assert bad.returncode == 2 and "training scenario" in bad.stderr
+
+
+def test_the_exponential_fit_recovers_a_known_curve():
+    import math
+
+    from experiments.training_calibrate import fit_exponential
+
+    losses = [0.3 + 2.0 * math.exp(-0.25 * e) for e in range(30)]
+    f = fit_exponential(losses)
+    assert f.e_floor == pytest.approx(0.3, rel=0.02) and f.e_start == pytest.approx(2.3, rel=0.02)
+    assert f.rate_per_epoch == pytest.approx(0.25, rel=0.03) and f.rms < 0.01

@@ -1,0 +1,65 @@
+"""The Training page: completion bars FlowCon vs default, G and CPU share, from real simulator timelines."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from streamlit.testing.v1 import AppTest
+
+from dashboard import config, training
+from experiments import training as training_exp
+
+REPO = Path(__file__).resolve().parents[2]
+APP = str(REPO / "dashboard" / "app.py")
+
+
+def _pair(tmp_path: Path) -> tuple[Path, Path]:
+    training_exp.compare("flowcon-3jobs", 2, out=str(tmp_path))
+    f = tmp_path / "flowcon-3jobs_flowcon_seed2.jsonl"
+    d = tmp_path / "flowcon-3jobs_default_seed2.jsonl"
+    assert f.exists() and d.exists()
+    return f, d
+
+
+def test_frames_and_figures_from_timelines(tmp_path):
+    f, d = _pair(tmp_path)
+    assert training.is_training_timeline(f) and not training.is_training_timeline(tmp_path / "missing.jsonl")
+    rf, rd = training.load(f), training.load(d)
+    assert rf.policy == "flowcon" and rd.policy == "default" and rf.scenario == "flowcon-3jobs"
+    result = json.loads(f.read_text().splitlines()[-1])
+    df = training.completion_frame([rf, rd])
+    assert len(df) == 6
+    got = df[df.policy == "flowcon"].set_index("job")["completion_s"].to_dict()
+    assert got == result["completion_s"]
+    assert not rf.jobs.empty and rf.jobs["cpu_share"].between(0, 1).all()
+    assert set(rf.jobs["stage"]) <= {"NL", "WL", "CL"} and set(rd.jobs["stage"]) == {"-"}
+    for chart in (training.completion_chart(df), training.growth_chart(rf), training.share_chart(rd)):
+        assert chart.to_dict()["data"]
+    assert training.counterpart(f, [d]) == d and training.counterpart(d, [f]) == f
+    s = training.summary_sentence(rf, rd)
+    assert "makespan" in s and "flowcon vs default" in s
+
+
+def test_the_page_shows_both_runs(tmp_path, monkeypatch):
+    _pair(tmp_path)
+    monkeypatch.setenv(config.SOURCES_ENV, "")
+    monkeypatch.setenv(config.RUNS_ENV, str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.switch_page("app_pages/training.py")
+    at.run()
+    assert not at.exception, at.exception
+    assert any("makespan" in m.value for m in at.markdown)
+    assert len(at.get("vega_lite_chart")) == 5  # the bars, then G and share for each run
+
+
+def test_the_page_says_what_to_do_without_timelines(tmp_path, monkeypatch):
+    monkeypatch.setenv(config.SOURCES_ENV, "")
+    monkeypatch.setenv(config.RUNS_ENV, str(tmp_path))
+    at = AppTest.from_file(APP, default_timeout=60)
+    at.run()
+    at.switch_page("app_pages/training.py")
+    at.run()
+    assert not at.exception
+    assert any("dqoes experiment compare flowcon" in i.value for i in at.info)
