@@ -289,10 +289,11 @@ def run(opts: TrainingRealOptions, log: Callable[[str], None]) -> tuple[dict[str
                 results[label] = asyncio.run(run_policy(p, jobs, opts, cores, run_dir / f"run{r + 1}", log))
                 (run_dir / f"run{r + 1}" / f"{p}-rounds.json").write_text(json.dumps(results[label]["rows"]))
         s = summarize(results, opts, cores)
+        s["command"] = command_line(opts)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").write_text(json.dumps(s, indent=1))
         log(f"records in {run_dir}")
-    md = render_markdown(s, command_line(opts))
+    md = render_markdown(s, s.get("command") or command_line(opts))
     if opts.update:
         update_section(Path(opts.update), md, BEGIN, END)
     return s, md

@@ -8,6 +8,7 @@ format. Tables for people, one JSON object on the last line of stdout with
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -221,7 +222,15 @@ def cmd_calibrate_training(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if args.epochs < 3:
         raise CliError("--epochs must be >= 3 (a curve needs three points)")
-    d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True))
+    measured = when = host = None
+    if args.from_file:
+        try:
+            old = json.loads(Path(args.from_file).read_text())
+        except (OSError, ValueError) as e:
+            raise CliError(f"--from: {e}") from None
+        measured, when, host = old.get("raw"), old.get("date"), (old.get("machine") or {}).get("host")
+    d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True),
+                                     measured=measured, when=when, host=host)
     if args.out:
         Path(args.out).write_text(d["toml"])
     if args.json:
@@ -327,6 +336,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--models", default="vae,cnn,mlp,lstm,gru", help="comma-separated (default: all five)")
     p.add_argument("--epochs", type=int, default=30, help="epochs per task (default 30)")
     p.add_argument("--out", metavar="TOML", help="write the fitted profiles here")
+    p.add_argument("--from", dest="from_file", metavar="JSON",
+                   help="measure nothing: fit the losses of an earlier --json output again")
     p.add_argument("--json", action="store_true", help="last line of stdout: the measurements and fits")
     p.set_defaults(func=cmd_calibrate_training)
 
