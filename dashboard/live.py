@@ -49,7 +49,7 @@ from shared import auth, subjects
 from shared.aio import wait_event
 from shared.bus import Bus, BusError, Incoming, NoResponders, RequestTimeout
 from shared.public import ClusterState, parse_target_reply
-from shared.schema import DecisionMsg, NodeState, SchemaError
+from shared.schema import DecisionMsg, NodeState, SchemaError, TrainingState
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,8 @@ class History:
         self._frames: tuple[pd.DataFrame, pd.DataFrame] | None = None
         self._run: RunData | None = None
         self._run_version = -1
+        self.training_rows: deque[dict[str, Any]] = deque(maxlen=history_rounds * 20)
+        """Per training job per training round (`dqoes.training.*`): the Training page's live rows."""
 
     # -- ingest ------------------------------------------------------------------------
 
@@ -124,6 +126,16 @@ class History:
         self.decisions_seen += 1
         self.version += 1
         self.decisions.add(msg)
+
+    def add_training_state(self, ts: TrainingState) -> None:
+        """One worker's training round: a row per job (list, G, CPU share of the node, limit)."""
+        self.version += 1
+        t = self.origin.t_s(ts.at)
+        for j in ts.jobs:
+            self.training_rows.append({
+                "t": t, "node": ts.node, "job": j.job, "stage": j.stage, "growth": j.growth,
+                "cpu_share": None if j.cpu_cores is None else j.cpu_cores / ts.cores, "limit": j.limit,
+                "policy": ts.policy})
 
     def add_cluster_state(self, cs: ClusterState, received_at: float) -> None:
         self.version += 1
@@ -254,6 +266,8 @@ class SourceSnapshot:
     version: int
     latest: dict[str, NodeState] = field(default_factory=dict)
     """The newest node state of each node (parameters in force)."""
+    training: tuple[dict[str, Any], ...] = ()
+    """Training rounds seen (`History.training_rows`), oldest first."""
 
     @property
     def has_data(self) -> bool:
@@ -416,6 +430,10 @@ class Collector:
             with self._lock:
                 h.add_decision(msg)
 
+        def on_training(msg: TrainingState, _: Incoming) -> None:
+            with self._lock:
+                h.add_training_state(msg)
+
         def on_cluster(inc: Incoming) -> None:
             if inc.reply or not inc.data:
                 return
@@ -430,6 +448,7 @@ class Collector:
         feed.subscriptions = [
             await bus.subscribe(subjects.DECISIONS_ALL, on_decision, expect=DecisionMsg),
             await bus.subscribe(subjects.STATE_ALL, on_state, expect=NodeState),
+            await bus.subscribe(subjects.TRAINING_ALL, on_training, expect=TrainingState),
             await bus.subscribe_raw(subjects.CLUSTER_STATE, on_cluster),
         ]
         with self._lock:
@@ -463,6 +482,7 @@ class Collector:
                         states=h.states,
                         version=h.version,
                         latest=dict(h.latest),
+                        training=tuple(h.training_rows),
                     )
                 )
         return Snapshot(tuple(out), self.wall())

@@ -67,6 +67,22 @@ def run_from_rows(rows: Iterable[dict[str, Any]], label: str) -> TrainingRun:
                        jobs=df, result=result)
 
 
+def live_run(label: str, rows: Sequence[dict[str, Any]]) -> TrainingRun:
+    """A live cluster's training rounds (the collector's `SourceSnapshot.training`) as a run without a result."""
+    df = pd.DataFrame([{c: r.get(c) for c in JOB_COLUMNS} for r in rows], columns=list(JOB_COLUMNS))
+    for c in ("t", "growth", "cpu_share", "limit"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    policy = str(rows[-1].get("policy", "?")) if rows else "?"
+    return TrainingRun(label=label, scenario=label, policy=policy, seed=None, jobs=df)
+
+
+def latest_jobs(run: TrainingRun) -> pd.DataFrame:
+    """Each job's newest row: node, list, G, CPU share, limit (the live table)."""
+    if run.jobs.empty:
+        return run.jobs
+    return run.jobs.sort_values("t").groupby("job", as_index=False).last()[list(JOB_COLUMNS)]
+
+
 def load(path: str | Path) -> TrainingRun:
     with open(path, "rb") as f:
         rows = [json.loads(line) for line in f if line.strip()]

@@ -8,13 +8,24 @@ from dashboard import config, training, ui
 
 cfg = st.session_state.get("dqoes_config") or config.current()
 st.title("Training jobs: FlowCon and default")
+if cfg.sources:
+    snap = ui.collector(cfg.sources, cfg.history_rounds).snapshot()
+    for src in snap.sources:
+        if not src.training:
+            continue
+        live = training.live_run(src.label, src.training)
+        st.subheader(f"Live: {src.label} ({live.policy})")
+        st.dataframe(training.latest_jobs(live), hide_index=True)
+        left, right = st.columns(2)
+        left.altair_chart(training.growth_chart(live), use_container_width=True)
+        right.altair_chart(training.share_chart(live), use_container_width=True)
 files = [f for f in ui.list_runs(cfg.runs_dirs) if training.is_training_timeline(f)]
 if not files:
     st.info(
-        "No training timelines found. Write a pair with "
+        "No recorded training timelines. Write a pair with "
         "`dqoes experiment compare flowcon-4w-20jobs --seed 1 --out out/` and start the dashboard with "
-        "`--runs out/`. Live clusters publish the same per-job state on `dqoes.training.<node>`; this page "
-        "shows recorded runs only."
+        "`--runs out/`. Live clusters show here while their workers run training jobs "
+        "(`dqoes submit`)."
     )
     st.stop()
 first = st.selectbox("Run", files, format_func=lambda p: p.name)

@@ -204,7 +204,7 @@ class DockerRuntime(RealClock):
             created = api.create_container(
                 image, command=spec.argv(self.node, local=False), name=spec.job, labels=labels, detach=True,
                 environment={"DQOES_NODE": self.node, "DQOES_JOB_NAME": spec.job},
-                host_config=api.create_host_config(network_mode="host", init=True),
+                host_config=api.create_host_config(network_mode="host", init=True, auto_remove=True),
             )
             api.start(created["Id"])
         except (docker.errors.APIError, requests.exceptions.RequestException) as e:

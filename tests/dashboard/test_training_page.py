@@ -63,3 +63,54 @@ def test_the_page_says_what_to_do_without_timelines(tmp_path, monkeypatch):
     at.run()
     assert not at.exception
     assert any("dqoes experiment compare flowcon" in i.value for i in at.info)
+
+
+def _state(node: str, at: float, jobs: list[tuple[str, str, float | None, float | None]]):
+    from shared.schema import TrainingJobState, TrainingState
+
+    return TrainingState(node=node, policy="flowcon", cores=4.0, round=1, at=at, interval_s=10.0, training_share=1.0,
+                         jobs=tuple(TrainingJobState(job=j, stage=st, growth=g, cpu_cores=c, limit=1.0)
+                                    for j, st, g, c in jobs))
+
+
+def test_live_training_rounds_become_the_pages_rows():
+    from dashboard.live import History
+
+    h = History("live")
+    h.add_training_state(_state("w1", 1000.0, [("a", "NL", None, None), ("b", "CL", 0.01, 1.0)]))
+    h.add_training_state(_state("w1", 1010.0, [("a", "NL", 0.2, 3.0), ("b", "CL", 0.005, 1.0)]))
+    run = training.live_run("live", tuple(h.training_rows))
+    assert run.policy == "flowcon" and len(run.jobs) == 4
+    latest = training.latest_jobs(run).set_index("job")
+    assert latest.loc["a", "growth"] == 0.2 and latest.loc["a", "cpu_share"] == 0.75
+    assert latest.loc["b", "stage"] == "CL" and list(latest["t"]) == [10.0, 10.0]
+    assert training.growth_chart(run).to_dict()["data"]
+
+
+def test_the_collector_follows_training_states(nats_url):
+    import asyncio
+    import time
+
+    from dashboard.live import Collector
+    from shared import subjects
+    from shared.bus import Bus
+
+    coll = Collector([("dqoes", nats_url)], retry_s=0.5).start()
+    try:
+        assert coll.wait_first_attempt(5)
+
+        async def publish() -> None:
+            bus = await Bus.connect(nats_url, "test-training-states")
+            await bus.publish(subjects.training("w9"), _state("w9", time.time(), [("j1", "WL", 0.1, 2.0)]))
+            await bus.flush()
+            await bus.close()
+
+        for _ in range(50):
+            asyncio.run(publish())
+            rows = coll.snapshot().sources[0].training
+            if rows:
+                break
+            time.sleep(0.1)
+        assert rows and rows[-1]["job"] == "j1" and rows[-1]["node"] == "w9" and rows[-1]["cpu_share"] == 0.5
+    finally:
+        coll.stop()
