@@ -81,10 +81,10 @@ def test_submit_places_runs_and_survives_bad_input(nats_url, cgroups, caplog):
                               ({"model": "mlp", "epochs": 0}, "epochs")]:
                 r = await _submit(bus, body)
                 assert r["ok"] is False and why in r["error"], (body, r)
-            r1 = await _submit(bus, {"model": "mlp", "epochs": 60, "name": "job-a", "threads": 1})
+            r1 = await _submit(bus, {"model": "mlp", "epochs": 25, "name": "job-a", "threads": 1})
             assert r1["ok"] and r1["node"] in ("w1", "w2") and r1["job"] == "job-a" and r1["policy"] == "flowcon"
             # the second job goes to the other, empty worker (all-CL rule: an idle worker, fewest jobs)
-            r2 = await _submit(bus, {"model": "lstm", "epochs": 60, "name": "job-b", "threads": 1})
+            r2 = await _submit(bus, {"model": "lstm", "epochs": 15, "name": "job-b", "threads": 1})
             assert r2["ok"] and r2["node"] != r1["node"], (r1, r2)
             dup = await _submit(bus, {"model": "mlp", "name": "job-a"})
             assert dup["ok"] is False and "already" in dup["error"]
