@@ -52,6 +52,7 @@ bench-policies: setup
 results: setup
 	$(BIN)/dqoes experiment report --seeds 1-5 --update docs/results.md
 	$(BIN)/dqoes experiment training-report --seeds 1-5 --update docs/results.md
+	$(BIN)/dqoes experiment training-real --from docs/data/training-real.json --update docs/results.md
 
 # Every figure in docs/img: the dashboard's Altair figure functions rendered offline (vl-convert),
 # from the recorded data in docs/, then the dashboard screenshot.
