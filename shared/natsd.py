@@ -95,6 +95,7 @@ class NatsServer:
         self._binary = binary
         self._port: int | None = port
         self._proc: subprocess.Popen[bytes] | None = None
+        self._last_returncode: int | None = None
         self._work_dir: Path | None = None
         if (jetstream and store_dir is None) or log_path is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="dqoes-nats-"))
@@ -120,6 +121,13 @@ class NatsServer:
     @property
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status of the last process, once it has exited (None while running)."""
+        if self._proc is None:
+            return self._last_returncode
+        return self._proc.poll()
 
     @property
     def pid(self) -> int | None:

@@ -100,10 +100,9 @@ async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, ev
     try:
         while not stop.is_set():
             t = stacks[0].scenario_time_s()
-            dead = {k: v for s in stacks for k, v in s.dead().items()}
-            if dead:
-                raise CliError("service(s) exited: " + ", ".join(f"{k} (status {v})" for k, v in dead.items())
-                               + f"; logs in {stacks[0].run_dir}")
+            for s in stacks:  # restart what died, with a backoff; one line each (docs/operations.md)
+                for line in s.supervise():
+                    print(f"supervisor: {s.name}: {line}", file=sys.stderr if quiet else sys.stdout, flush=True)
             if until_s is not None and t >= until_s:
                 break
             if not quiet and time.monotonic() >= next_print and t >= 0:
@@ -169,7 +168,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     stacks = [
         Stack(StackSpec(scenario, policy=p, seed=args.seed, time_scale=args.time_scale, label=p,
                         runtime=args.runtime, workload_batch=args.batch, workload_resolution=args.resolution,
-                        metrics=not args.no_metrics),
+                        metrics=not args.no_metrics, on_stop=args.on_stop),
               run_dir=run_root / p, auth_dir=run_root / "auth")
         for p in policies
     ]
@@ -315,6 +314,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="where JetStream data (objectives), credentials (auth/) and logs go "
                    "(default: $DQOES_STATE_DIR/up, else ~/.local/state/dqoes/up); printed at start")
     p.add_argument("--fresh", action="store_true", help="forget the objectives stored by earlier runs")
+    p.add_argument("--on-stop", choices=("keep", "restore"), default="keep",
+                   help="on a clean stop, keep the CPU limits in force or restore what the containers had "
+                   "before (kept across worker crashes; default keep; docs/operations.md)")
     p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the web dashboard")
     p.add_argument("--no-metrics", action="store_true",

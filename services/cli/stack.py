@@ -6,6 +6,15 @@ as in a compose or Swarm deployment; only the launching differs. Every
 process logs to a file in the run directory, which also holds the scenario
 the workers run (written out container by container, so all workers and any
 later reader see the same workload).
+
+Supervision (`supervise()`, called by `dqoes up` four times a second): a
+service that exits without being asked is started again with the same
+arguments after a backoff (1 s, doubling up to 30 s; back to 1 s once it has
+run for a minute), and a dead nats-server is restarted on the same port and
+JetStream store, so clients reconnect to the same URL and objectives are kept.
+Each restart is one log line (returned, and appended to `supervisor.log`).
+Log files are bounded: one over `MAX_LOG_BYTES` is copied to `NAME.log.1`
+and emptied (the process keeps appending to the same file).
 """
 
 from __future__ import annotations
@@ -43,6 +52,16 @@ class StackSpec:
     workload_resolution: int | None = None
     metrics: bool = False
     """Serve Prometheus metrics from the manager and every worker on free local ports."""
+    on_stop: str = "keep"
+    """What workers do with the limits on a clean stop: keep them, or restore the containers' own."""
+
+
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
+"""Waits before restarting a service that died; the last one repeats."""
+HEALTHY_AFTER_S = 60.0
+"""A service that ran this long before dying starts again from the first backoff."""
+MAX_LOG_BYTES = 20 * 1024 * 1024
+"""A log file over this size is rotated (one previous generation kept)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -72,6 +91,12 @@ class Stack:
         self.nats: NatsServer | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.start_at: float | None = None
+        self._argv: dict[str, tuple[list[str], str]] = {}
+        self._started_at: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
+        self._restart_at: dict[str, float] = {}
+        self.restarts: dict[str, int] = {}
+        """Restarts per service (and "nats-server") since start."""
         self.metrics_urls: dict[str, str] = {}
         """/metrics URL of the manager ("manager") and of each node's worker (by node name) when spec.metrics is set."""
 
@@ -116,6 +141,7 @@ class Stack:
         return env
 
     def _spawn(self, name: str, args: list[str], identity: str) -> None:
+        self._argv[name] = (list(args), identity)
         creds = self.creds_file(identity)
         if creds is not None:
             args = [*args, "--creds", str(creds)]
@@ -125,6 +151,67 @@ class Stack:
             start_new_session=True,
         )
         log.close()
+        self._started_at[name] = time.monotonic()
+
+    # -- supervision -------------------------------------------------------------------
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """Restart what died (after its backoff) and rotate big logs; one line per action."""
+        now = time.monotonic() if now is None else now
+        lines: list[str] = []
+        if self.nats is not None and not self.nats.running:
+            status = self.nats.returncode
+            try:
+                self.nats.start()
+                self.restarts["nats-server"] = self.restarts.get("nats-server", 0) + 1
+                lines.append(f"nats-server exited (status {status}); restarted on {self.plain_url} "
+                             f"with the same JetStream store (restart {self.restarts['nats-server']})")
+            except Exception as e:  # try again on the next call
+                lines.append(f"nats-server exited (status {status}) and did not start again: {e}")
+        for name, p in list(self.procs.items()):
+            code = p.poll()
+            if code is None:
+                continue
+            due = self._restart_at.get(name)
+            if due is None:
+                ran_s = now - self._started_at.get(name, now)
+                if ran_s >= HEALTHY_AFTER_S:
+                    self._failures[name] = 0
+                n = self._failures.get(name, 0)
+                wait_s = BACKOFF_S[min(n, len(BACKOFF_S) - 1)]
+                self._failures[name] = n + 1
+                self._restart_at[name] = now + wait_s
+                lines.append(f"{name} exited with status {code} after {ran_s:.0f} s; "
+                             f"restarting in {wait_s:g} s (log: {self.log_path(name)})")
+            elif now >= due:
+                del self._restart_at[name]
+                args, identity = self._argv[name]
+                self._spawn(name, args, identity)
+                self.restarts[name] = self.restarts.get(name, 0) + 1
+                lines.append(f"{name} restarted (pid {self.procs[name].pid}, restart {self.restarts[name]})")
+        self.rotate_logs()
+        if lines:
+            with (self.run_dir / "supervisor.log").open("a") as f:
+                for line in lines:
+                    f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+        return lines
+
+    def rotate_logs(self, max_bytes: int = MAX_LOG_BYTES) -> list[Path]:
+        """Copy each log over `max_bytes` to NAME.log.1 and empty it; returns those rotated."""
+        rotated = []
+        for path in [*self.run_dir.glob("*.log"), self.run_dir / "nats-server.out"]:
+            try:
+                if path.stat().st_size <= max_bytes:
+                    continue
+                old = path.with_name(path.name + ".1")
+                with path.open("rb") as src, old.open("wb") as dst:
+                    dst.write(src.read())
+                with path.open("r+b") as f:  # writers append (O_APPEND): they continue at the new end
+                    f.truncate(0)
+                rotated.append(path)
+            except OSError:
+                continue
+        return rotated
 
     def start_nats(self) -> None:
         if self._external_url is None and self.nats is None:
@@ -171,6 +258,7 @@ class Stack:
             "-m", "services.worker", "--nats", self.plain_url, "--node", node, "--policy", s.policy,
             "--scenario", str(scenario_file), "--seed", str(s.seed), *runtime_args,
             "--state-interval", str(s.state_interval_s), *self._metrics_args(node),
+            "--on-stop", s.on_stop, "--state-dir", str(self.run_dir),
             *s.extra_worker_args,
         ], auth.identity_name("worker", node))
 
@@ -185,6 +273,7 @@ class Stack:
         return {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
 
     def stop_process(self, name: str, timeout_s: float = 5.0) -> int | None:
+        self._restart_at.pop(name, None)
         p = self.procs.pop(name, None)
         if p is None:
             return None

@@ -56,6 +56,10 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
          help="inference-first: training shares what inference leaves (at least one core); shared: no split")
     flag(ap, "--training-stale", "DQOES_TRAINING_STALE_S", 60.0, type=float,
          help="seconds without a value before a training job counts as stale")
+    flag(ap, "--on-stop", "DQOES_ON_STOP", "keep", choices=("keep", "restore"),
+         help="on a clean stop: keep the CPU limits in force, or restore what the containers had before")
+    flag(ap, "--state-dir", "DQOES_STATE_DIR_WORKER", None,
+         help="directory keeping the containers' original limits across crashes (for --on-stop restore)")
     a = ap.parse_args(argv)
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")
@@ -64,7 +68,8 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     if a.time_scale <= 0:
         ap.error("--time-scale must be > 0")
     return WorkerConfig(
-        nats_url=nats_url(ap, a), nats_creds=a.creds, node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
+        nats_url=nats_url(ap, a), nats_creds=a.creds, on_stop=a.on_stop, state_dir=a.state_dir,
+        node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
         seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
         initial_interval_s=a.interval, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
         docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from services.worker.logic import Worker
@@ -37,6 +38,10 @@ class WorkerConfig:
     node: str
     nats_url: str = "nats://127.0.0.1:4222"
     nats_creds: str | None = None
+    on_stop: str = "keep"
+    """On a clean stop: "keep" the limits in force, or "restore" what the containers had before."""
+    state_dir: str | None = None
+    """Where the containers' original limits are kept across crashes (None: in memory only)."""
     """The credentials file `nats_url`'s user and password came from (handed to inference processes)."""
     policy: str = "dqoes"
     runtime: str = "sim"
@@ -145,8 +150,10 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         if cfg.training_policy != "none":
             training = TrainingSide(cfg.node, runtime, registry.build_training(cfg.training_policy, settings),
                                     bus.publish, split=cfg.training_split, stale_after_s=cfg.training_stale_s)
+        originals = (str(Path(cfg.state_dir) / f"limits-{subjects.token(cfg.node)}.json")
+                     if cfg.state_dir else None)
         worker = Worker(cfg.node, runtime, ctrl, bus.publish, state_interval_s=cfg.state_interval_s,
-                        training=training)
+                        training=training, originals_file=originals)
         await worker.start()
     except (RuntimeFailure, ValueError, KeyError) as e:
         if runtime is not None:
@@ -208,6 +215,7 @@ async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
     tasks = [asyncio.create_task(worker.follow_runtime(), name="runtime-events")]
     try:
         await worker.run()
+        await worker.on_stop(app.cfg.on_stop)  # a clean stop only; a crash leaves the limits (docs/operations.md)
     finally:
         for t in tasks:
             t.cancel()

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from services.worker.training import TrainingSide, is_training
 from shared import subjects
@@ -52,8 +55,13 @@ class Worker:
         state_interval_s: float = 2.0,
         wall: Callable[[], float] = time.time,
         training: TrainingSide | None = None,
+        originals_file: str | None = None,
     ) -> None:
         self.node = node
+        self.originals_file = originals_file
+        """Where the limits containers had before this node's worker first saw them are kept, so a
+        worker restarted after a crash still knows them (`restore_limits`, --on-stop restore)."""
+        self.originals: dict[str, float | None] = _load_originals(originals_file)
         self.training = training
         """Training containers (label dqoes.kind=training) and their policy; None: this worker has none."""
         self.runtime = runtime
@@ -81,6 +89,7 @@ class Worker:
         self._release: set[str] = set()
         self.wake = asyncio.Event()
         self._stale_seen: dict[tuple[str, int], ObjectiveAssign] = {}
+        self._objective_arrived = asyncio.Event()
         self.refusals = RateLimitedLog(log, logging.WARNING)
         """Refused control messages and objectives: one line per 5 s per kind, with a count."""
         self._next_state_wall = 0.0
@@ -135,6 +144,7 @@ class Worker:
             self.refusals.log("objective-back", "objective for %s taken back to revision %d (held %d): "
                               "the manager's store says so", msg.container, msg.revision, prev.revision)
         self._stale_seen.pop((msg.container, msg.revision), None)
+        self._objective_arrived.set()
         self.assigned[msg.container] = msg
         if msg.container in self.ctrl.containers:
             self._set_objective(msg.container, msg.objective_s, msg.alpha)
@@ -202,6 +212,9 @@ class Worker:
         self.models[c.name] = c.model
         self.by_id[c.id[:12]] = c.name
         self.label_objectives[c.name] = (c.objective_s, c.alpha)
+        if c.name not in self.originals:  # after a crash the file still has the true original
+            self.originals[c.name] = c.limit
+            _save_originals(self.originals_file, self.originals)
         self.ctrl.add(c.name, self.clock(), limit=_fraction(c.limit))
         a = self.assigned.get(c.name)
         objective, alpha = (a.objective_s, a.alpha) if a is not None else (c.objective_s, c.alpha)
@@ -389,7 +402,21 @@ class Worker:
         training_in = self.training.wait_s(self.time_scale) if self.training is not None else math.inf
         return max(0.0, min(round_in, state_in, training_in))
 
+    async def announce(self, grace_s: float = 0.5) -> None:
+        """Say who is here before the first round, so a restarted worker has its objectives at once.
+
+        The node state goes out first; the manager answers with every stored
+        objective this node's containers lack; they usually arrive within
+        milliseconds. The first round waits for the first of them at most
+        `grace_s` wall seconds.
+        """
+        await self.publish(subjects.state(self.node), self.node_state())
+        self._next_state_wall = self.wall() + self.state_interval_s
+        if self.ctrl.containers and not self.assigned:
+            await wait_event(self._objective_arrived, grace_s)
+
     async def run(self) -> None:
+        await self.announce()
         while not self._stopping:
             await self.step()
             self.wake.clear()
@@ -402,6 +429,50 @@ class Worker:
     def stop(self) -> None:
         self._stopping = True
         self.wake.set()
+
+    async def on_stop(self, mode: str) -> None:
+        """A clean stop: `keep` leaves the limits in force, `restore` gives each container
+        back the limit it had before this node's worker first saw it (None: no limit)."""
+        if mode == "restore":
+            present = {c.name for c in await self.runtime.containers()}
+            for name, limit in self.originals.items():
+                if name not in present:
+                    continue
+                try:
+                    await self.runtime.set_limit(name, limit)
+                except RuntimeFailure as e:
+                    log.warning("limit of %s not restored: %s", name, e)
+                    continue
+                log.info("limit of %s restored to %s", name, "none" if limit is None else f"{limit:g}")
+        else:
+            log.info("limits left as they are (--on-stop keep)")
+        self.originals.clear()
+        if self.originals_file:
+            Path(self.originals_file).unlink(missing_ok=True)
+
+
+def _load_originals(path: str | None) -> dict[str, float | None]:
+    if not path:
+        return {}
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(obj, dict):
+        return {}
+    return {str(k): (float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None)
+            for k, v in obj.items()}
+
+
+def _save_originals(path: str | None, originals: dict[str, float | None]) -> None:
+    if not path:
+        return
+    tmp = Path(path + ".tmp")
+    try:
+        tmp.write_text(json.dumps(originals))
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not keep the original limits in %s: %s", path, e)
 
 
 def _fraction(limit: float | None) -> float | None:
