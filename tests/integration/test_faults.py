@@ -87,7 +87,7 @@ def states(stack: Stack, until, timeout_s: float = 30.0) -> NodeState:
                 continue
             got: asyncio.Queue[NodeState] = asyncio.Queue()
             try:
-                await bus.subscribe(subjects.state("n1"), lambda m, _: got.put_nowait(m), expect=NodeState)
+                await bus.subscribe(subjects.state("n1"), lambda m, _, q=got: q.put_nowait(m), expect=NodeState)
                 while time.monotonic() < t_end:
                     try:
                         ns = await asyncio.wait_for(got.get(), 1.0)
