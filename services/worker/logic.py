@@ -62,6 +62,8 @@ class Worker:
         """Where the limits containers had before this node's worker first saw them are kept, so a
         worker restarted after a crash still knows them (`restore_limits`, --on-stop restore)."""
         self.originals: dict[str, float | None] = _load_originals(originals_file)
+        self.restarted = bool(self.originals)
+        """The last worker of this node did not stop cleanly (its originals file is still there)."""
         self.training = training
         """Training containers (label dqoes.kind=training) and their policy; None: this worker has none."""
         self.runtime = runtime
@@ -407,12 +409,12 @@ class Worker:
 
         The node state goes out first; the manager answers with every stored
         objective this node's containers lack; they usually arrive within
-        milliseconds. The first round waits for the first of them at most
-        `grace_s` wall seconds.
+        milliseconds. After a crash (`restarted`), the first round waits for
+        the first of them at most `grace_s` wall seconds.
         """
         await self.publish(subjects.state(self.node), self.node_state())
         self._next_state_wall = self.wall() + self.state_interval_s
-        if self.ctrl.containers and not self.assigned:
+        if self.restarted and self.ctrl.containers and not self.assigned:
             await wait_event(self._objective_arrived, grace_s)
 
     async def run(self) -> None:

@@ -300,7 +300,7 @@ async def test_forgeries_are_refused_and_change_nothing(stack):
                                   orjson.dumps({"container": "c1", "objective_s": 1e-3}))
             await bus.publish_raw(f"$JS.API.STREAM.DELETE.KV_{subjects.KV_OBJECTIVES}", b"")
             # A control message driving the worker to tiny intervals, a decision.
-            await bus.publish(subjects.control("n1"), ControlMsg(initial_interval_s=5e-3, max_interval_s=5e-3))
+            await bus.publish(subjects.control("n1"), ControlMsg(initial_interval_s=0.05, max_interval_s=0.05))
             await bus.publish(subjects.decisions("ghost"), messages("ghost")["decision"][1])
             # Latency events for the other node.
             await bus.publish(subjects.latency("n2", "c1"), messages("n2")["latency"][1])
