@@ -191,10 +191,17 @@ def door_target(h: Harness, data: bytes) -> bool:
 
 
 def door_latency(h: Harness, data: bytes) -> bool:
+    """The worker's fast decoder must agree with the generic one on every input."""
+    try:
+        fast = schema.decode_latency(data)
+    except SchemaError:
+        fast = None
     msg = _decode(data)
-    if not isinstance(msg, schema.LatencyEvent):
+    generic = msg if isinstance(msg, schema.LatencyEvent) else None
+    assert fast == generic, f"decode_latency disagrees with decode on {data!r}: {fast!r} != {generic!r}"
+    if fast is None:
         return False
-    h.worker.on_latency(msg)
+    h.worker.on_latencies([fast])
     return True
 
 

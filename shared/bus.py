@@ -44,6 +44,11 @@ from shared.schema import Message, SchemaError
 
 log = logging.getLogger(__name__)
 
+PENDING_MSGS_LIMIT = 2_000_000
+"""Messages a batch subscription may hold before nats.py drops them as a slow consumer."""
+PENDING_BYTES_LIMIT = 512 * 1024 * 1024
+"""Bytes a batch subscription may hold (a latency event is about 120 bytes)."""
+
 LOG_EVERY_S = 5.0
 """At most one WARNING line per subscription and kind of trouble in this many seconds."""
 
@@ -162,6 +167,7 @@ class Bus:
         self._limiter = _RateLimiter(LOG_EVERY_S)
         self._closing = False
         self._kv_watches: set[KVWatch] = set()
+        self._pumps: set[asyncio.Task[None]] = set()
         self._last_error: BaseException | None = None
         self.permission_violations: deque[str] = deque(maxlen=100)
         """The server's refusals of this identity's publishes and subscriptions (newest last)."""
@@ -322,6 +328,62 @@ class Bus:
 
         return await self._subscribe(sub, on_msg)
 
+    async def subscribe_batch(
+        self,
+        subject: str,
+        handler: Callable[[list[Any]], Awaitable[None] | None],
+        decode: Callable[[bytes], Any],
+        *,
+        max_batch: int = 2048,
+        pending_msgs_limit: int = PENDING_MSGS_LIMIT,
+        pending_bytes_limit: int = PENDING_BYTES_LIMIT,
+    ) -> Subscription:
+        """Call `handler(messages)` with every decoded message that arrived since the last call.
+
+        For subjects that carry tens of thousands of messages a second (latency
+        events): no coroutine per message; what is queued is taken at once (up
+        to `max_batch`), decoded with `decode` (raising SchemaError for a bad
+        payload: dropped, counted, logged like `subscribe`), and handed over in
+        arrival order. The pending limits are set deliberately high, so a
+        burst waits in memory instead of being dropped as a slow consumer.
+        """
+        sub = Subscription(subject, None)
+        try:
+            nsub = await self._nc.subscribe(subject, pending_msgs_limit=pending_msgs_limit,
+                                            pending_bytes_limit=pending_bytes_limit)
+        except nats.errors.Error as e:
+            raise BusError(f"subscribe to {subject} failed: {_one_line(e)}") from None
+        sub._sub = nsub
+        queue: asyncio.Queue[Any] = nsub._pending_queue  # nats.py 2.x: the subscription's own queue
+
+        async def pump() -> None:
+            while True:
+                first = await queue.get()
+                raw = [first]
+                while len(raw) < max_batch and not queue.empty():
+                    raw.append(queue.get_nowait())
+                out = []
+                for m in raw:
+                    queue.task_done()
+                    nsub._pending_size -= len(m.data)
+                    try:
+                        out.append(decode(m.data))
+                    except SchemaError as e:
+                        self._drop(sub, m.subject, e)
+                sub.delivered += len(out)
+                if out:
+                    await self._call(sub, handler, out)
+
+        task = asyncio.get_running_loop().create_task(pump(), name=f"batch-{subject}")
+        self._pumps.add(task)
+        task.add_done_callback(self._pumps.discard)
+        if self._nc.is_connected:
+            try:
+                await self.flush()
+            except BusError as e:
+                log.debug("subscribe to %s not confirmed: %s", subject, e)
+        return sub
+
     async def subscribe_raw(
         self, subject: str, handler: RawHandler, *, queue: str | None = None
     ) -> Subscription:
@@ -468,6 +530,8 @@ class Bus:
     async def _stop_watches(self) -> None:
         for watch in list(self._kv_watches):
             await watch.stop()
+        for task in list(self._pumps):
+            task.cancel()
 
     def _report_pending(self) -> None:
         for key, count in self._limiter.flush().items():

@@ -28,7 +28,14 @@ from shared.runtime.base import Runtime, RuntimeFailure
 from shared.runtime.factory import RuntimeSettings, make_runtime
 from shared.scenarios.builtin import load
 from shared.scenarios.spec import Scenario, ScenarioError
-from shared.schema import ControlMsg, JobDone, LatencyEvent, Launch, ObjectiveAssign, Progress
+from shared.schema import (
+    ControlMsg,
+    JobDone,
+    Launch,
+    ObjectiveAssign,
+    Progress,
+    decode_latency,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +167,8 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
             await runtime.close()
         await bus.close()
         raise ConfigError(f"runtime {cfg.runtime}: {e}") from None
-    await bus.subscribe(subjects.latency_of_node(cfg.node), lambda m, _: worker.on_latency(m), expect=LatencyEvent)
+    # The hot path: tens of thousands of events a second, decoded and handled in batches.
+    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency)
     await bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m), expect=ObjectiveAssign)
     async def on_control(msg: ControlMsg, inc: Incoming) -> None:
         await bus.reply(inc, worker.on_control(msg))
