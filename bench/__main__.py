@@ -15,8 +15,9 @@ SUITES = {
     "dashboard": "bench.bench_dashboard",
     "policies": "bench.bench_policies",
     "fuzz": "bench.bench_fuzz",
+    "load": "bench.bench_load",
 }
-OPT_IN = {"fuzz"}
+OPT_IN = {"fuzz", "load"}
 """Suites that run only when named (`make fuzz`: minutes, not a figure of speed)."""
 
 
