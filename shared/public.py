@@ -427,6 +427,8 @@ class ContainerInfo(Checked):
     throttled_ratio: float | None = checked(optional(FRACTION), default=None)
     """Share of CFS periods in which it was throttled since the previous round; None: not measured."""
     last_batch_at: float | None = checked(optional(UNIX_S), default=None)
+    stale: bool = checked(boolean, default=False)
+    """It stopped publishing batches: its limit is kept and it is not counted as met."""
     seen_at: float = checked(UNIX_S)
     """When its worker last reported it (the node state's time)."""
 

@@ -311,7 +311,7 @@ def container_rows(node_states: Iterable[NodeState]) -> list[ContainerInfo]:
                 cls=None if cls is None else cls.value,
                 cpu_limit_cores=None if c.limit is None else c.limit * ns.cores,
                 cpu_used_cores=used, throttled_ratio=c.throttled_ratio,
-                last_batch_at=c.last_batch_at, seen_at=ns.at,
+                last_batch_at=c.last_batch_at, stale=c.stale, seen_at=ns.at,
             ))
     return rows
 

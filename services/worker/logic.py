@@ -41,6 +41,10 @@ log = logging.getLogger(__name__)
 
 Publish = Callable[[str, Message], Awaitable[None]]
 
+STALE_MIN_S = 30.0
+"""A managed container with no batch for this many wall seconds (or STALE_OBJECTIVES objectives) is stale."""
+STALE_OBJECTIVES = 5.0
+
 
 class Worker:
     """One node's controller, wired to a runtime and a publish function."""
@@ -333,8 +337,32 @@ class Worker:
         self._throttle_prev = now
         self.throttled_ratio = ratios
 
+    def stale_containers(self) -> set[str]:
+        """Managed containers with no batch for `stale_after(objective)` wall seconds.
+
+        Threshold: STALE_MIN_S, or STALE_OBJECTIVES times its objective or its
+        latest batch latency (in wall time), whichever is longest. Their limits are kept until they report again.
+        """
+        now = self.wall()
+        out = set()
+        for name, at in self.last_batch_at.items():
+            t = self.ctrl.containers.get(name)
+            if t is None or not t.managed:
+                continue
+            # A slow container (class B) is not silent: its own batches count too.
+            batch_wall_s = max(t.objective_s or 0.0, t.last_latency_s or 0.0, t.new_latency_s or 0.0) / self.time_scale
+            if now - at > max(STALE_MIN_S, STALE_OBJECTIVES * batch_wall_s):
+                out.add(name)
+        return out
+
     async def _apply(self, d: Decision) -> None:
         changes = d.changes
+        stale = self.stale_containers() if changes else set()
+        if stale:  # no news, no change: a stale container keeps the limit it has
+            for c in changes:
+                if c.name in stale:
+                    self.ctrl.set_limit(c.name, c.old_limit)
+            changes = [c for c in changes if c.name not in stale]
         if not changes:
             return
         self.limit_changes += len(changes)
@@ -359,16 +387,18 @@ class Worker:
         used_total = 0.0
         states = []
         sums = {Cls.G: 0.0, Cls.S: 0.0, Cls.B: 0.0}
+        stale = self.stale_containers()
         for t in self.ctrl.containers.values():
             if t.managed:
-                members[t.cls.value if t.cls else "pending"].append(t.name)
-                if t.cls is not None and t.slack_s is not None:
+                # A stale container is reported pending: not met, not in band (its class is from old news).
+                members["pending" if t.name in stale or not t.cls else t.cls.value].append(t.name)
+                if t.cls is not None and t.slack_s is not None and t.name not in stale:
                     sums[t.cls] += t.slack_s
             used = None if t.cpu_share is None else t.cpu_share * cores
             used_total += used or 0.0
             met = None
             if t.managed and t.cls is not None:
-                met = t.cls in (Cls.G, Cls.S)
+                met = t.cls in (Cls.G, Cls.S) and t.name not in stale
             states.append(
                 ContainerState(
                     container=t.name,
@@ -385,6 +415,7 @@ class Worker:
                     cpu_cores_used=used,
                     throttled_ratio=self.throttled_ratio.get(t.name),
                     last_batch_at=self.last_batch_at.get(t.name),
+                    stale=t.name in stale,
                 )
             )
         return NodeState(

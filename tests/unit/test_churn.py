@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from bench.fuzz_inputs import CONTAINERS, Harness
 from shared.runtime.base import RuntimeContainer, RuntimeEvent
 from shared.schema import LatencyEvent, ObjectiveAssign
@@ -28,5 +30,41 @@ def test_a_thousand_starts_and_stops_leave_nothing_behind():
             w.on_runtime_event(RuntimeEvent("stopped", c))
         assert per_container_sizes(w) == before
         assert set(w.ctrl.containers) == set(CONTAINERS)
+    finally:
+        h.close()
+
+
+def test_a_container_that_stops_publishing_is_stale_keeps_its_limit_and_is_not_met():
+    from shared.core.types import Cls, ContainerDecision, Decision
+
+    h = Harness()
+    try:
+        w = h.worker
+        now = time.time()
+        for name, age_s in (("c1", 100.0), ("c2", 1.0)):
+            w.on_latency(LatencyEvent(container=name, node="n1", latency_s=2.9, images=1, batch=0,
+                                      finished_at=now - age_s))
+            w.ctrl.containers[name].cls = Cls.S  # in band by its last batch
+        assert w.stale_containers() == {"c1"}  # 100 s > max(30 s, 5 x 3 s); c2 reported 1 s ago
+        ns = w.node_state()
+        rows = {c.container: c for c in ns.containers}
+        assert rows["c1"].stale and rows["c1"].met is False and not rows["c2"].stale and rows["c2"].met
+        assert "c1" in ns.members["pending"] and "c1" not in ns.members["S"] and ns.satisfied == 1
+        # A round that would move its CPU: the stale one keeps its limit, the other changes.
+        w.ctrl.containers["c1"].limit = 0.5
+        changes = tuple(ContainerDecision(name=n, cls=Cls.S, slack_s=0.1, latency_s=2.9, cpu_share=0.4,
+                                          old_limit=0.5, new_limit=0.3, reason="test") for n in ("c1", "c2"))
+        d = Decision(node="n1", now_s=0.0, policy="dqoes", containers=changes, slack_sum_g_s=0.0,
+                     slack_sum_b_s=0.0, satisfied=0, interval_s=10.0)
+        applied: list[tuple[str, float | None]] = []
+
+        async def set_limit(name: str, limit: float | None) -> float | None:
+            applied.append((name, limit))
+            return limit
+
+        w.runtime.set_limit = set_limit  # the simulated node is not running here: record instead
+        h.run(w._apply(d))
+        assert applied == [("c2", 0.3)]
+        assert w.ctrl.containers["c1"].limit == 0.5
     finally:
         h.close()
