@@ -24,7 +24,10 @@ from services.worker.app import WorkerConfig, build, serve
 from shared import auth, schema, subjects
 from shared.bus import Bus
 from shared.natsd import NatsServer
-from shared.schema import DecisionMsg, LatencyEvent
+from shared.schema import ControlMsg, DecisionMsg, LatencyEvent
+
+CONTROL_RTT: list[float] = []
+"""Round trips of control requests sent during the last ingest flood."""
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,6 +77,22 @@ async def ingest(urls: dict[str, str], d: Path, n: int) -> tuple[float, int]:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = await asyncio.create_subprocess_exec(sys.executable, "-c", PUBLISHER, urls["inference-n1"], str(n), "100",
                                                 env=env, stdout=subprocess.PIPE)
+    admin = await Bus.connect(urls["admin"], "bench-admin")
+    probe = schema.encode(ControlMsg(), "bench-admin")
+    control_rtt: list[float] = []
+
+    async def control_probe() -> None:
+        """Operator control requests while the flood runs (the worker answers on its own connection)."""
+        while True:
+            t0 = time.perf_counter()
+            try:
+                await admin.request(subjects.control("n1"), probe, timeout_s=5.0)
+                control_rtt.append(time.perf_counter() - t0)
+            except Exception:
+                control_rtt.append(float("inf"))
+            await asyncio.sleep(0.1)
+
+    prober = asyncio.create_task(control_probe())
     first = None
     t_end = time.monotonic() + 120
     while w.latencies < n and time.monotonic() < t_end:
@@ -81,6 +100,9 @@ async def ingest(urls: dict[str, str], d: Path, n: int) -> tuple[float, int]:
             first = (time.perf_counter(), w.latencies)
         await asyncio.sleep(0.001)
     last = time.perf_counter()
+    prober.cancel()
+    await admin.close()
+    CONTROL_RTT[:] = control_rtt
     got = w.latencies
     await proc.wait()
     await asyncio.sleep(1.0)  # anything still in flight
@@ -160,7 +182,7 @@ def run() -> dict:
         auth.ensure(auth_dir, ["n1"])
         with NatsServer(store_dir=d / "store", config_file=auth.config_path(auth_dir)) as srv:
             urls = {i: auth.with_credentials(srv.url, auth.load(auth.creds_path(auth_dir, i)))
-                    for i in ("worker-n1", "inference-n1", "client")}
+                    for i in ("worker-n1", "inference-n1", "client", "admin")}
             _run(res, srv, urls, auth_dir, d)
     return res
 
@@ -171,6 +193,10 @@ def _run(res: dict, srv: NatsServer, urls: dict[str, str], auth_dir: Path, d: Pa
     res["ingest_events_per_s"] = report(f"latency events ingested by one worker ({n:,} sent, real NATS)", rate,
                                         "/s", goal=50_000, lower_is_better=False)
     res["ingest_events_lost"] = report("  of them lost (goal: none)", lost, "events")
+    if CONTROL_RTT:
+        res["control_during_flood_max_ms"] = report(
+            f"  control request round trip during the flood, worst of {len(CONTROL_RTT)}", max(CONTROL_RTT) * 1e3,
+            "ms")
     xs = asyncio.run(reaction(urls, d, 60))
     res["event_to_decision_median_ms"] = report("latency event -> published decision, median (60 samples)",
                                                 median(xs) * 1e3, "ms")

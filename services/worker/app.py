@@ -122,6 +122,9 @@ class WorkerApp:
     worker: Worker
     scenario: Scenario | None = None
     metrics: MetricsServer | None = None
+    control_bus: Bus | None = None
+    """A second connection for objectives and control: a flood of latency events on the first
+    (even one the server cuts off as a slow consumer) never delays or drops them."""
 
 
 async def build(cfg: WorkerConfig) -> WorkerApp:
@@ -141,6 +144,11 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
     except (ScenarioError, ValueError) as e:
         raise ConfigError(str(e)) from None
     bus = await Bus.connect(cfg.nats_url, f"worker-{cfg.node}")
+    try:
+        control_bus = await Bus.connect(cfg.nats_url, f"worker-{cfg.node}-control")
+    except BusError:
+        await bus.close()
+        raise
     pub = LatencyPublisher(bus, cfg.node)
 
     def on_batch(container: str, latency_s: float, images: int, batch: int, cpu_s: float,
@@ -166,14 +174,17 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         if runtime is not None:
             await runtime.close()
         await bus.close()
+        await control_bus.close()
         raise ConfigError(f"runtime {cfg.runtime}: {e}") from None
     # The hot path: tens of thousands of events a second, decoded and handled in batches.
     await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency)
-    await bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m), expect=ObjectiveAssign)
-    async def on_control(msg: ControlMsg, inc: Incoming) -> None:
-        await bus.reply(inc, worker.on_control(msg))
+    await control_bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m),
+                                expect=ObjectiveAssign)
 
-    await bus.subscribe(subjects.control(cfg.node), on_control, expect=ControlMsg)
+    async def on_control(msg: ControlMsg, inc: Incoming) -> None:
+        await control_bus.reply(inc, worker.on_control(msg))
+
+    await control_bus.subscribe(subjects.control(cfg.node), on_control, expect=ControlMsg)
     metrics = None
     if cfg.metrics_port is not None:
         metrics = MetricsServer()
@@ -187,6 +198,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         except OSError as e:
             await runtime.close()
             await bus.close()
+            await control_bus.close()
             raise ConfigError(f"metrics: cannot listen on {cfg.metrics_addr}:{cfg.metrics_port}: {e}") from None
         log.info("metrics on %s", url)
     if training is not None:
@@ -207,7 +219,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         await bus.subscribe(subjects.launch(cfg.node), on_launch, expect=Launch)
     log.info("worker for node %s: policy %s, training %s (%s), runtime %s, %g cores, NATS %s",
              cfg.node, policy.name, cfg.training_policy, cfg.training_split, cfg.runtime, ctrl.cores, bus.url)
-    return WorkerApp(cfg, bus, runtime, worker, scenario, metrics)
+    return WorkerApp(cfg, bus, runtime, worker, scenario, metrics, control_bus)
 
 
 async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
@@ -230,6 +242,8 @@ async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
         await app.runtime.close()
         await app.bus.drain()
+        if app.control_bus is not None:
+            await app.control_bus.drain()
         if app.metrics is not None:
             app.metrics.stop()
         log.info("worker for node %s stopped after %d rounds", app.cfg.node, worker.rounds)
