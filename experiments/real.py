@@ -204,7 +204,7 @@ class RealRun:
             return
         self._spawn("worker", [*common, "--runtime", "docker", "--require-node-label"],
                     auth.identity_name("worker", self.node))
-        inference_creds = self.creds(auth.identity_name("inference", self.node))
+        inference_creds = self.creds(auth.identity_name("inference", self.node)).resolve()  # docker -v needs absolute
         time.sleep(1.0)
         for c in self.specs:
             name = self.name(c)

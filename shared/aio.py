@@ -9,6 +9,9 @@ when its task is cancelled. `asyncio.timeout` does not have that flaw.
 from __future__ import annotations
 
 import asyncio
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
@@ -19,3 +22,15 @@ async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
     except TimeoutError:
         return False
     return True
+
+
+async def next_or_stop(queue: asyncio.Queue[T], stop: asyncio.Event) -> T | None:
+    """The next item of `queue`, or None once `stop` is set first (what a workload's publishing loop waits on)."""
+    getter = asyncio.ensure_future(queue.get())
+    stopper = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([getter, stopper], return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    if not getter.done():
+        getter.cancel()
+        return None
+    return getter.result()

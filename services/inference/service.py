@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 
 from shared import auth
+from shared.aio import next_or_stop
 from shared.bus import Bus, BusError
 from shared.publisher import LatencyPublisher
 
@@ -80,15 +81,8 @@ async def serve(cfg: InferenceConfig, workload, stop: asyncio.Event) -> int:  # 
              cfg.batch, workload.resolution_px, auth.redact(cfg.nats_url))
     status = 0
     while not stop.is_set():
-        getter = asyncio.ensure_future(results.get())
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([getter, stopper], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if not getter.done():
-            getter.cancel()
-            break
-        r = getter.result()
-        if r is None:
+        r = await next_or_stop(results, stop)
+        if r is None:  # stopped, or the workload thread ended
             break
         if isinstance(r, Exception):
             log.error("inference failed: %r", r)

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass
 
 from shared import subjects
+from shared.aio import next_or_stop
 from shared.bus import Bus, BusError
 from shared.schema import JobDone, Progress
 
@@ -143,15 +144,8 @@ async def serve(cfg: TrainingConfig, stop: asyncio.Event) -> int:
     log.info("%s on %s: %s for %d epochs, publishing to %s", cfg.name, cfg.node, cfg.model, cfg.epochs, subject)
     status, last, epochs, warned = 0, None, 0, False
     while not stop.is_set():
-        getter = asyncio.ensure_future(results.get())
-        stopper = asyncio.ensure_future(stop.wait())
-        await asyncio.wait([getter, stopper], return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        if not getter.done():
-            getter.cancel()
-            break
-        r = getter.result()
-        if r is None:
+        r = await next_or_stop(results, stop)
+        if r is None:  # stopped, or the workload thread ended
             break
         if isinstance(r, Exception):
             log.error("training failed: %r", r)
