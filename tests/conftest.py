@@ -20,6 +20,8 @@ Async tests use anyio's pytest plugin, as tests/contract does: mark them
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +29,7 @@ import pytest
 
 from shared import auth
 from shared.natsd import NatsServer
+from shared.runtime import cgroupfs
 
 TEST_NODES = ("n1", "n2", "worker-1", "worker-2")
 """Nodes the session's server has worker and inference identities for."""
@@ -100,3 +103,27 @@ def restartable_nats(tmp_path: Path) -> Iterator[AuthNatsServer]:
     auth_dir = make_auth_dir(tmp_path / "auth")
     with AuthNatsServer(auth_dir, store_dir=tmp_path / "store", log_path=tmp_path / "nats-server.log") as srv:
         yield srv
+
+
+@pytest.fixture
+def cgroup_root() -> Path:
+    """The cgroup filesystem, for tests that run real torch processes in cgroups.
+
+    Skips where torch, root or a cgroup cpu controller is missing; fails
+    instead when DQOES_REQUIRE_CGROUP=1 (CI), so a missing part is never hidden.
+    """
+
+    def need(reason: str) -> None:
+        if os.environ.get("DQOES_REQUIRE_CGROUP") == "1":
+            pytest.fail(f"{reason} (and DQOES_REQUIRE_CGROUP=1)")
+        pytest.skip(f"{reason}; set DQOES_REQUIRE_CGROUP=1 to make this a failure")
+
+    if importlib.util.find_spec("torch") is None:
+        need("torch is not installed")
+    if os.geteuid() != 0:
+        need("not root: cannot create cgroups")
+    try:
+        cgroupfs.detect_layout(cgroupfs.DEFAULT_ROOT)
+    except OSError as e:
+        need(f"no cgroup cpu controller: {e}")
+    return cgroupfs.DEFAULT_ROOT

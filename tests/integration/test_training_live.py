@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import importlib.util
 import logging
-import os
 
 import msgpack
 import orjson
@@ -25,28 +23,9 @@ from services.manager.app import run as run_manager
 from services.worker.app import WorkerConfig, build, serve
 from shared import schema, subjects
 from shared.bus import Bus
-from shared.runtime import cgroupfs
 from shared.schema import JobDone, Progress, TrainingState
 
 pytestmark = pytest.mark.integration
-
-
-def need(reason: str) -> None:
-    if os.environ.get("DQOES_REQUIRE_CGROUP") == "1":
-        pytest.fail(f"{reason} (and DQOES_REQUIRE_CGROUP=1)")
-    pytest.skip(f"{reason}; set DQOES_REQUIRE_CGROUP=1 to make this a failure")
-
-
-@pytest.fixture
-def cgroups() -> None:
-    if importlib.util.find_spec("torch") is None:
-        need("torch is not installed")
-    if os.geteuid() != 0:
-        need("not root: cannot create cgroups")
-    try:
-        cgroupfs.detect_layout(cgroupfs.DEFAULT_ROOT)
-    except OSError as e:
-        need(f"no cgroup cpu controller: {e}")
 
 
 async def _submit(bus: Bus, body: dict | bytes) -> dict:
@@ -54,7 +33,7 @@ async def _submit(bus: Bus, body: dict | bytes) -> dict:
     return orjson.loads(await bus.request(subjects.SUBMIT, data, timeout_s=30.0))
 
 
-def test_submit_places_runs_and_survives_bad_input(nats_url, cgroups, caplog):
+def test_submit_places_runs_and_survives_bad_input(nats_url, cgroup_root, caplog):
     caplog.set_level(logging.INFO)
 
     async def go() -> None:

@@ -6,39 +6,16 @@ skipped with the reason, unless DQOES_REQUIRE_CGROUP=1 (then it fails).
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 from experiments.calibration import calibrations_from_document
 from shared.runtime import cgroupfs
 from shared.scenarios.spec import load_profiles_file
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def need(reason: str) -> None:
-    if os.environ.get("DQOES_REQUIRE_CGROUP") == "1":
-        pytest.fail(f"{reason} (and DQOES_REQUIRE_CGROUP=1)")
-    pytest.skip(f"{reason}; set DQOES_REQUIRE_CGROUP=1 to make this a failure")
-
-
-@pytest.fixture
-def cgroup_root() -> Path:
-    if importlib.util.find_spec("torch") is None:
-        need("torch is not installed")
-    if os.geteuid() != 0:
-        need("not root: cannot create cgroups")
-    try:
-        cgroupfs.detect_layout(cgroupfs.DEFAULT_ROOT)
-    except OSError as e:
-        need(f"no cgroup cpu controller: {e}")
-    return cgroupfs.DEFAULT_ROOT
 
 
 def test_calibrate_measures_mobilenetv2_under_a_quota(tmp_path: Path, cgroup_root: Path):

@@ -7,7 +7,6 @@ otherwise (failing instead when DQOES_REQUIRE_CGROUP=1).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -56,25 +55,8 @@ def test_a_bad_flag_is_one_line_and_exit_2(tmp_path):
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-def _require_cgroup_and_torch() -> None:
-    pytest.importorskip("torch")
-    reason = None
-    if os.geteuid() != 0:
-        reason = "needs root"
-    else:
-        try:
-            cgroupfs.cpu_version(cgroupfs.DEFAULT_ROOT)
-        except OSError as e:
-            reason = f"no cgroup cpu controller ({e})"
-    if reason:
-        if os.environ.get("DQOES_REQUIRE_CGROUP") == "1":
-            pytest.fail(f"{reason} (and DQOES_REQUIRE_CGROUP=1)")
-        pytest.skip(f"{reason}; set DQOES_REQUIRE_CGROUP=1 to make this a failure")
-
-
 @pytest.mark.timeout(180)
-def test_up_runs_real_inference_processes_and_limits_them(tmp_path):
-    _require_cgroup_and_torch()
+def test_up_runs_real_inference_processes_and_limits_them(tmp_path, cgroup_root):
     f = tmp_path / "small.json"
     f.write_text(json.dumps(SMALL))
     run_dir = tmp_path / "run"
