@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from experiments import real, report, threads, training_calibrate, training_real
+from experiments import real, report, threads, training_calibrate, training_real, weights
 from experiments import training as training_exp
 from experiments.common import update_section
 from services.cli.common import CliError, emit_json, parse_seeds, profiles_from
@@ -255,6 +255,20 @@ def cmd_threads(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_weights(args: argparse.Namespace) -> int:
+    opts = weights.WeightsOptions(
+        quotas=args.quotas, workload=args.workload, model=args.model, batch_size=args.batch_size,
+        resolution=args.resolution, duration_s=args.duration_s, warmup_s=args.warmup_s, conditions=args.conditions,
+        neighbour_procs=args.neighbour_procs, node_cores=args.node_cores, cgroup_root=args.cgroup_root)
+    out = weights.run(opts, lambda m: print(m, file=sys.stderr, flush=True), from_file=args.from_file,
+                      update=args.update)
+    if args.json:
+        emit_json(out)
+    elif not args.update:
+        print(weights.render_markdown(out))
+    return 0
+
+
 def cmd_real(args: argparse.Namespace) -> int:
     opts = real.RealOptions(
         containers=args.containers, duration_s=args.duration_s, policies=args.policies, runtime=args.runtime,
@@ -411,3 +425,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
     p.set_defaults(func=cmd_threads)
+
+    w = weights.WeightsOptions()
+    p = es.add_parser(
+        "weights", help="do CPU weights protect quotas from an unmanaged neighbour? (root)",
+        description="Run managed groups under CPU quotas (the real inference workload, or busy loops) beside an "
+        "unmanaged neighbour group with one busy loop per core and no quota, in three conditions: alone; with the "
+        "neighbour, default weights; with the neighbour, managed weights = the kernel's maximum x quota / node "
+        "cores. Report per group the cores received, received / quota, throttled periods and batch latency. "
+        "Plain processes in cgroups (no Docker), all removed at the end. Needs root. Progress goes to stderr.")
+    p.add_argument("--quotas", help="managed quotas in cores, comma-separated (default: 25%% and 50%% of the node)")
+    p.add_argument("--workload", choices=("inference", "spin"), default=w.workload,
+                   help="inference: the real workload, threads following the quota; spin: one busy loop per "
+                   "started core of quota (default inference)")
+    p.add_argument("--model", default=w.model, help=f"the inference model (default {w.model})")
+    p.add_argument("--batch-size", type=int, default=w.batch_size, help=f"images a batch (default {w.batch_size})")
+    p.add_argument("--resolution", type=int, help="image side in px (default: the model's)")
+    p.add_argument("--duration-s", type=float, default=w.duration_s,
+                   help=f"measured seconds per condition (default {w.duration_s:g})")
+    p.add_argument("--warmup-s", type=float, default=w.warmup_s,
+                   help=f"seconds before measuring each condition (default {w.warmup_s:g})")
+    p.add_argument("--conditions", default=w.conditions, help=f"run in this order (default {w.conditions})")
+    p.add_argument("--neighbour-procs", type=int, help="busy loops in the neighbour (default: one per node core)")
+    p.add_argument("--node-cores", type=float, help="the node's cores (default: the CPUs this process may use)")
+    p.add_argument("--cgroup-root", default=w.cgroup_root, help="the cgroup filesystem")
+    p.add_argument("--from", dest="from_file", metavar="JSON", help="measure nothing: report a --json output")
+    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
+    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
+    p.set_defaults(func=cmd_weights)

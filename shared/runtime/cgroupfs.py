@@ -10,6 +10,15 @@ live in one place:
   <root>/cpu/<group>/cpu.cfs_quota_us over cpu.cfs_period_us (-1: none).
 - cgroup v2: usage in <root>/<group>/cpu.stat (usage_usec), quota in
   <root>/<group>/cpu.max as "QUOTA PERIOD" or "max PERIOD".
+- CPU weight (the share of contended CPU): cpu.shares in the cpu directory on
+  v1 (2..262144, default 1024), cpu.weight on v2 (1..10000, default 100).
+  Callers see one unit for both: a weight is a multiple of the kernel's
+  default (1.0 = an untouched group, 2.0 = twice its share, 0.5 = half), and
+  read_weight / write_weight convert to the version's raw number (2.0 is 2048
+  on v1 and 200 on v2). The ranges differ: 1/512..256 on v1, 0.01..100 on v2
+  (weight_scale(version) gives them); write_weight clamps into the range and
+  returns what it set. CFS shares CPU between runnable sibling groups in
+  proportion to their weights; a quota still caps a group whatever its weight.
 - throttling, both versions: cpu.stat in the cpu directory counts CFS periods
   (`nr_periods`) and those in which the group ran out of quota
   (`nr_throttled`), with the time spent throttled (`throttled_time` in ns on
@@ -201,6 +210,78 @@ def write_quota_cores(group: Group, cores: float | None) -> float | None:
         (group.cpu_dir / "cpu.max").write_text(text)
     log.debug("cgroup %s quota set to %s µs / %s µs", group.cpu_dir, quota_us, PERIOD_US)
     return None if quota_us < 0 else quota_us / PERIOD_US
+
+
+# ---- CPU weights ---------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WeightScale:
+    """How one cgroup version writes a CPU weight: the file and its raw range."""
+
+    file: str
+    min_raw: int
+    default_raw: int
+    max_raw: int
+
+    @property
+    def min_weight(self) -> float:
+        """The smallest weight the kernel takes, as a multiple of its default."""
+        return self.min_raw / self.default_raw
+
+    @property
+    def max_weight(self) -> float:
+        """The largest weight the kernel takes, as a multiple of its default."""
+        return self.max_raw / self.default_raw
+
+    def raw_for(self, weight: float) -> int:
+        """The raw value for `weight` (a multiple of the default), clamped into the valid range."""
+        if not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"a CPU weight must be a positive multiple of the default, not {weight!r}")
+        return min(self.max_raw, max(self.min_raw, round(weight * self.default_raw)))
+
+
+WEIGHT_SCALES: dict[int, WeightScale] = {
+    1: WeightScale("cpu.shares", 2, 1024, 262_144),
+    2: WeightScale("cpu.weight", 1, 100, 10_000),
+}
+DEFAULT_WEIGHT = 1.0
+"""Every group's weight until someone writes one: the kernel default, in our unit."""
+
+
+def weight_scale(version: Literal[1, 2]) -> WeightScale:
+    return WEIGHT_SCALES[version]
+
+
+def read_weight_raw(group: Group) -> int:
+    """The group's weight as the kernel shows it (cpu.shares on v1, cpu.weight on v2)."""
+    path = group.cpu_dir / WEIGHT_SCALES[group.version].file
+    text = _read(path).strip()
+    try:
+        return int(text)
+    except ValueError:
+        raise CgroupError(errno.EINVAL, f"not a weight: {text!r}", str(path)) from None
+
+
+def read_weight(group: Group) -> float:
+    """The group's CPU weight as a multiple of the kernel's default (1.0 when untouched)."""
+    return read_weight_raw(group) / WEIGHT_SCALES[group.version].default_raw
+
+
+def write_weight(group: Group, weight: float) -> float:
+    """Set the group's CPU weight (a multiple of the default, clamped to the valid range); return it as set.
+
+    Raises ValueError (and writes nothing) for a weight that is not a
+    positive finite number.
+    """
+    scale = WEIGHT_SCALES[group.version]
+    raw = scale.raw_for(weight)
+    path = group.cpu_dir / scale.file
+    if not path.exists():
+        raise CgroupError(errno.ENOENT, "cgroup file missing", str(path))
+    path.write_text(str(raw))
+    log.debug("cgroup %s weight set to %d (%s)", group.cpu_dir, raw, scale.file)
+    return raw / scale.default_raw
 
 
 # ---- creating groups and moving processes -------------------------------------

@@ -220,6 +220,65 @@ def test_docker_group_not_found(tmp_path):
         cgroupfs.docker_group(root, CID, pid=999_999_999)
 
 
+# ---- CPU weights -----------------------------------------------------------------------
+
+
+def test_weight_units_and_ranges_per_version():
+    v1, v2 = cgroupfs.weight_scale(1), cgroupfs.weight_scale(2)
+    assert (v1.file, v2.file) == ("cpu.shares", "cpu.weight")
+    assert v1.raw_for(1.0) == 1024 and v2.raw_for(1.0) == 100
+    assert v1.raw_for(2.5) == 2560 and v2.raw_for(2.5) == 250
+    assert (v1.min_weight, v1.max_weight) == (2 / 1024, 256.0)
+    assert (v2.min_weight, v2.max_weight) == (0.01, 100.0)
+    # clamped into the kernel's range, never refused for being large or small
+    assert v1.raw_for(1e9) == 262_144 and v2.raw_for(1e9) == 10_000
+    assert v1.raw_for(1e-9) == 2 and v2.raw_for(1e-9) == 1
+    for bad in (0, -1.0, float("nan"), float("inf"), "2"):
+        with pytest.raises(ValueError):
+            v1.raw_for(bad)  # type: ignore[arg-type]
+
+
+def test_v1_weight_read_write(tmp_path):
+    root = v1_tree(tmp_path)
+    v1_group(root, "g")
+    (root / "cpu" / "g" / "cpu.shares").write_text("1024\n")
+    group = cgroupfs.group_at(root, "g")
+    assert cgroupfs.read_weight(group) == cgroupfs.DEFAULT_WEIGHT
+    assert cgroupfs.write_weight(group, 64.0) == 64.0
+    assert (root / "cpu" / "g" / "cpu.shares").read_text() == "65536"
+    assert cgroupfs.read_weight_raw(group) == 65536
+    assert cgroupfs.write_weight(group, 1000.0) == 256.0  # clamped to 262144
+    with pytest.raises(ValueError):
+        cgroupfs.write_weight(group, 0)
+    assert cgroupfs.read_weight(group) == 256.0  # the bad value changed nothing
+
+
+def test_v2_weight_read_write(tmp_path):
+    root = v2_tree(tmp_path)
+    v2_group(root, "a/b")
+    (root / "a" / "b" / "cpu.weight").write_text("100\n")
+    group = cgroupfs.group_at(root, "a/b")
+    assert cgroupfs.read_weight(group) == 1.0
+    assert cgroupfs.write_weight(group, 25.0) == 25.0
+    assert (root / "a" / "b" / "cpu.weight").read_text() == "2500"
+    assert cgroupfs.write_weight(group, 0.001) == 0.01  # clamped to 1
+    assert cgroupfs.read_weight_raw(group) == 1
+
+
+def test_weight_of_a_missing_or_garbled_group_raises(tmp_path):
+    root = v2_tree(tmp_path)
+    group = cgroupfs.group_at(root, "nothing")
+    with pytest.raises(cgroupfs.CgroupError):
+        cgroupfs.read_weight(group)
+    with pytest.raises(cgroupfs.CgroupError):
+        cgroupfs.write_weight(group, 2.0)
+    assert not (root / "nothing").exists()
+    v2_group(root, "odd")
+    (root / "odd" / "cpu.weight").write_text("lots\n")
+    with pytest.raises(cgroupfs.CgroupError):
+        cgroupfs.read_weight(cgroupfs.group_at(root, "odd"))
+
+
 # ---- the real tree ---------------------------------------------------------------------
 
 
@@ -261,3 +320,14 @@ def test_real_group_limits_and_measures_a_busy_loop(real_group):
         cgroupfs.write_quota_cores(real_group, None)
         proc.kill()
         proc.wait()
+
+
+def test_real_group_weight_round_trip(real_group):
+    scale = cgroupfs.weight_scale(real_group.version)
+    assert cgroupfs.read_weight(real_group) == cgroupfs.DEFAULT_WEIGHT  # a fresh group has the default
+    assert cgroupfs.write_weight(real_group, 4.0) == 4.0
+    assert cgroupfs.read_weight_raw(real_group) == 4 * scale.default_raw
+    assert cgroupfs.write_weight(real_group, 1e6) == scale.max_weight  # the kernel's own maximum takes
+    assert cgroupfs.read_weight_raw(real_group) == scale.max_raw
+    assert cgroupfs.write_weight(real_group, 1e-6) == scale.min_weight
+    assert cgroupfs.read_weight_raw(real_group) == scale.min_raw
