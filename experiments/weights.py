@@ -13,7 +13,16 @@ less, and whether weights set from the limits give it back:
     no quota, default weights everywhere;
 (c) weighted: the same neighbour; each managed group's weight set to the
     kernel's maximum x (limit cores / node cores), clamped to the valid range,
-    the neighbour left at the default.
+    the neighbour left at the default;
+(d) parent (only when asked): as (c), and the managed groups' parent group
+    weighted the same way from the sum of their limits.
+
+CFS shares by weight between siblings only, so where the neighbour sits
+matters: `--neighbour-at sibling` (default) puts it beside the managed groups
+under the run's parent group, as another container under Docker's docker/
+group would be; `--neighbour-at root` puts it beside that parent, as a host
+process or systemd service outside docker/ would be, where only the parent's
+weight (d) can count.
 
 Everything runs on this host as root, as plain processes in cgroups under
 one parent group made for the run (no Docker): the managed groups run the
@@ -54,15 +63,25 @@ from shared.runtime import cgroupfs
 
 BEGIN = "<!-- BEGIN generated: dqoes experiment weights -->"
 END = "<!-- END generated: dqoes experiment weights -->"
+
+
+def markers(section: str | None = None) -> tuple[str, str]:
+    """The BEGIN/END lines of the generated section (a named one with --section)."""
+    if not section:
+        return BEGIN, END
+    return (f"<!-- BEGIN generated: dqoes experiment weights {section} -->",
+            f"<!-- END generated: dqoes experiment weights {section} -->")
 DEFAULT_QUOTA_SHARES = (0.25, 0.5)
 """Default quotas as shares of the node: they sum to 75 %, below the node as DQoES keeps them."""
 CONDITIONS = {
     "alone": ("(a) no neighbour, default weights", False, False),
     "neighbour": ("(b) neighbour, default weights", True, False),
     "weighted": ("(c) neighbour, managed weights from the limits", True, True),
+    "parent": ("(d) neighbour, managed and parent weights from the limits", True, True),
 }
-"""name: (label, neighbour running, managed weights set)."""
-DEFAULT_CONDITIONS = ",".join(CONDITIONS)
+"""name: (label, neighbour running, managed weights set); "parent" also weights the managed groups' parent."""
+DEFAULT_CONDITIONS = "alone,neighbour,weighted"
+NEIGHBOUR_AT = ("sibling", "root")
 SPIN = "while True: pass"
 STARTUP_TIMEOUT_S = 600.0
 PR_SET_PDEATHSIG = 1
@@ -82,6 +101,10 @@ class WeightsOptions:
     conditions: str = DEFAULT_CONDITIONS
     neighbour_procs: int | None = None
     """Busy processes in the neighbour; None: one per node core."""
+    neighbour_at: str = "sibling"
+    """sibling: beside the managed groups under the run's parent; root: beside that parent."""
+    section: str | None = None
+    """A named generated section, for several runs in one Markdown file."""
     node_cores: float | None = None
     """None: the CPUs this process may run on."""
     cgroup_root: str = str(cgroupfs.DEFAULT_ROOT)
@@ -144,6 +167,10 @@ def validate(opts: WeightsOptions) -> tuple[float, list[float], list[str]]:
         raise ExperimentError(f"--batch-size: at least 1, got {opts.batch_size}")
     if opts.resolution is not None and opts.resolution < 32:
         raise ExperimentError(f"--resolution: at least 32 px, got {opts.resolution}")
+    if opts.neighbour_at not in NEIGHBOUR_AT:
+        raise ExperimentError(f"--neighbour-at: sibling or root, got {opts.neighbour_at!r}")
+    if opts.section is not None and not all(ch.isalnum() or ch in "-_" for ch in opts.section):
+        raise ExperimentError(f"--section: letters, digits, - and _ only, got {opts.section!r}")
     if opts.neighbour_procs is not None and opts.neighbour_procs < 1:
         raise ExperimentError(f"--neighbour-procs: at least 1, got {opts.neighbour_procs}")
     return cores, quotas, conditions
@@ -277,6 +304,19 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _kill_all_in(group: cgroupfs.Group) -> None:
+    """Kill whatever is left in one of our groups (a child forked just as Ctrl-C came, before Popen returned)."""
+    try:
+        left = cgroupfs.pids(group)
+    except OSError:
+        return
+    for pid in left:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            os.waitpid(pid, os.WNOHANG)
+
+
 class _Run:
     """The groups and processes of one run; close() removes every one of them."""
 
@@ -296,8 +336,9 @@ class _Run:
         except OSError as e:
             raise ExperimentError(f"cannot create a cgroup under {self.root}: {e}") from None
 
-    def add(self, name: str, quota_cores: float | None) -> _Member:
-        group = cgroupfs.create_group(self.root, f"{self.parent_rel}/{name}")
+    def add(self, name: str, quota_cores: float | None, *, beside_parent: bool = False) -> _Member:
+        rel = f"{self.parent_rel}-{name}" if beside_parent else f"{self.parent_rel}/{name}"
+        group = cgroupfs.create_group(self.root, rel)
         m = _Member(name, group, quota_cores)
         self.members.append(m)
         cgroupfs.write_quota_cores(group, quota_cores)
@@ -313,6 +354,7 @@ class _Run:
             assert group is not None
             deadline = time.monotonic() + 5
             while True:
+                _kill_all_in(group)
                 with contextlib.suppress(OSError):
                     if cgroupfs.remove_group(group):
                         break
@@ -370,7 +412,9 @@ def _measure(opts: WeightsOptions, run: _Run, cores: float, quotas: list[float],
         else:
             for _ in range(math.ceil(q)):
                 m.spawn([sys.executable, "-c", SPIN], read_batches=False)
-    neighbour = run.add("neighbour", None)
+    neighbour = run.add("neighbour", None, beside_parent=opts.neighbour_at == "root")
+    assert run.parent is not None
+    parent = run.parent
     n_procs = opts.neighbour_procs or math.ceil(cores)
     if opts.workload == "inference":
         log(f"starting {len(managed)} {opts.model} workloads ({opts.batch_size} x {px} px a batch) under "
@@ -399,6 +443,8 @@ def _measure(opts: WeightsOptions, run: _Run, cores: float, quotas: list[float],
             w = managed_weight(version, m.quota_cores, cores) if weighted else cgroupfs.DEFAULT_WEIGHT
             weights[m.name] = cgroupfs.write_weight(m.group, w)
         cgroupfs.write_weight(neighbour.group, cgroupfs.DEFAULT_WEIGHT)
+        parent_weight = cgroupfs.write_weight(
+            parent, managed_weight(version, sum(quotas), cores) if name == "parent" else cgroupfs.DEFAULT_WEIGHT)
         members = [*managed, neighbour]
         load_before = os.getloadavg()
         log(f"[{k}/{len(conditions)}] {label}: {opts.warmup_s:g} s warm-up, {opts.duration_s:g} s measured "
@@ -430,6 +476,7 @@ def _measure(opts: WeightsOptions, run: _Run, cores: float, quotas: list[float],
         neighbour_cores = (b.usage_s[neighbour.name] - a.usage_s[neighbour.name]) / dt
         results.append({
             "condition": name, "label": label, "neighbour": with_neighbour, "weighted": weighted,
+            "parent_weight_raw": scale.raw_for(parent_weight),
             "neighbour_procs": n_procs if with_neighbour else 0, "neighbour_cores": round(neighbour_cores, 4),
             "other_cores": round(max(0.0, (b.busy_s - a.busy_s) / dt - ours), 4), "seconds": round(dt, 2),
             "loadavg_before": [round(x, 2) for x in load_before],
@@ -437,7 +484,7 @@ def _measure(opts: WeightsOptions, run: _Run, cores: float, quotas: list[float],
         })
         got = ", ".join(f"{r['group']} {r['cores']:.3f}/{r['quota_cores']:g}" for r in rows)
         log(f"    cores received / quota: {got}; neighbour {neighbour_cores:.3f}")
-    return {"conditions": results, "weight_file": scale.file, "weight_default_raw": scale.default_raw,
+    return {"conditions": results, "neighbour_at": opts.neighbour_at, "weight_file": scale.file, "weight_default_raw": scale.default_raw,
             "weight_max_raw": scale.max_raw, "cgroup_version": version}
 
 
@@ -457,6 +504,8 @@ def command_line(opts: WeightsOptions) -> str:
         parts.append(f"--conditions {opts.conditions}")
     if opts.neighbour_procs is not None:
         parts.append(f"--neighbour-procs {opts.neighbour_procs}")
+    if opts.neighbour_at != "sibling":
+        parts.append(f"--neighbour-at {opts.neighbour_at}")
     if opts.node_cores is not None:
         parts.append(f"--node-cores {opts.node_cores:g}")
     return " ".join(parts)
@@ -491,7 +540,9 @@ def run(opts: WeightsOptions, log: Callable[[str], None], *, from_file: str | No
         result = measure(opts, log)
     out = {"machine": meta, "result": result}
     if update:
-        update_section(Path(update), render_markdown(out), BEGIN, END)
+        if opts.section is not None:
+            validate(WeightsOptions(section=opts.section))
+        update_section(Path(update), render_markdown(out, opts.section), *markers(opts.section))
         log(f"section updated in {update}")
     return out
 
@@ -500,7 +551,7 @@ def _num(x: float | None, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def render_markdown(out: dict[str, Any]) -> str:
+def render_markdown(out: dict[str, Any], section: str | None = None) -> str:
     meta, res = out["machine"], out["result"]
     wf = res.get("weight_file", "weight")
     load = meta.get("loadavg") or ["?"] * 3
@@ -509,17 +560,25 @@ def render_markdown(out: dict[str, Any]) -> str:
                 "group")
     else:
         what = "one busy loop per started core of quota in each managed group (no real workload)"
-    lines = [BEGIN, ""]
+    begin, end = markers(section)
+    if res.get("neighbour_at") == "root":
+        where = ("beside the managed groups' parent group at the top of the hierarchy (as a host process outside "
+                 "Docker's docker/ group would be)")
+    else:
+        where = ("beside the managed groups under their parent group (as another container under Docker's docker/ "
+                 "group would be)")
+    lines = [begin, ""]
     lines.append(
         f"Measured {meta.get('measured_at', '?')} with `{meta.get('command', 'dqoes experiment weights')}` (root) "
         f"on {meta.get('cores', '?')} cores ({meta.get('cpu_model', '?')}), cgroup {meta.get('cgroup', '?')}, "
         f"node of {meta.get('node_cores', '?'):g} cores; load average before the run "
         f"{' '.join(str(x) for x in load)}. Plain processes in cgroups: {what}; the unmanaged neighbour is one "
-        f"busy loop per core with no quota. Each condition: {meta.get('warmup_s', '?'):g} s warm-up, then "
+        f"busy loop per core with no quota, {where}. Each condition: {meta.get('warmup_s', '?'):g} s warm-up, then "
         f"{meta.get('duration_s', '?'):g} s measured. *Cores received* is the group's CPU counter over the "
         f"measured window; *throttled* the share of CFS periods in which it ran out of quota; weights are the raw "
         f"`{wf}` values (default {res.get('weight_default_raw', '?')}, maximum {res.get('weight_max_raw', '?')}); "
-        f"in (c) each managed group's is the maximum x quota / node cores."
+        f"in (c) each managed group's is the maximum x quota / node cores, in (d) also the parent's, from the sum "
+        f"of the quotas."
     )
     lines.append("")
     lines.append(f"| condition | group | quota (cores) | `{wf}` | cores received | received / quota | throttled "
@@ -527,17 +586,18 @@ def render_markdown(out: dict[str, Any]) -> str:
     lines.append("|---|---|---|---|---|---|---|---|---|")
     for c in res["conditions"]:
         for r in c["groups"]:
-            share = None if r["throttled_share"] is None else 100 * r["throttled_share"]
+            share = "-" if r["throttled_share"] is None else f"{100 * r['throttled_share']:.0f}%"
             lines.append(f"| {c['label']} | {r['group']} | {r['quota_cores']:g} | {r['weight_raw']} | "
-                         f"{r['cores']:.3f} | {r['ratio']:.2f} | {_num(share, '.0f')}% | "
+                         f"{r['cores']:.3f} | {r['ratio']:.2f} | {share} | "
                          f"{_num(r['latency_median_s'], '.3f')} | {r['batches']} |")
     lines.append("")
-    lines.append("| condition | neighbour (cores) | other processes (cores) | load avg 1 min (before / after) |")
-    lines.append("|---|---|---|---|")
+    lines.append(f"| condition | neighbour (cores) | parent's `{wf}` | other processes (cores) | load avg 1 min "
+                 "(before / after) |")
+    lines.append("|---|---|---|---|---|")
     for c in res["conditions"]:
         nb = f"{c['neighbour_cores']:.3f} ({c['neighbour_procs']} busy loops)" if c["neighbour"] else "-"
-        lines.append(f"| {c['label']} | {nb} | {c['other_cores']:.3f} | "
+        lines.append(f"| {c['label']} | {nb} | {c.get('parent_weight_raw', '-')} | {c['other_cores']:.3f} | "
                      f"{c['loadavg_before'][0]:.2f} / {c['loadavg_after'][0]:.2f} |")
     lines.append("")
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines)

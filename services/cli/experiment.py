@@ -259,13 +259,14 @@ def cmd_weights(args: argparse.Namespace) -> int:
     opts = weights.WeightsOptions(
         quotas=args.quotas, workload=args.workload, model=args.model, batch_size=args.batch_size,
         resolution=args.resolution, duration_s=args.duration_s, warmup_s=args.warmup_s, conditions=args.conditions,
-        neighbour_procs=args.neighbour_procs, node_cores=args.node_cores, cgroup_root=args.cgroup_root)
+        neighbour_procs=args.neighbour_procs, neighbour_at=args.neighbour_at, section=args.section,
+        node_cores=args.node_cores, cgroup_root=args.cgroup_root)
     out = weights.run(opts, lambda m: print(m, file=sys.stderr, flush=True), from_file=args.from_file,
                       update=args.update)
     if args.json:
         emit_json(out)
     elif not args.update:
-        print(weights.render_markdown(out))
+        print(weights.render_markdown(out, args.section))
     return 0
 
 
@@ -445,11 +446,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help=f"measured seconds per condition (default {w.duration_s:g})")
     p.add_argument("--warmup-s", type=float, default=w.warmup_s,
                    help=f"seconds before measuring each condition (default {w.warmup_s:g})")
-    p.add_argument("--conditions", default=w.conditions, help=f"run in this order (default {w.conditions})")
+    p.add_argument("--conditions", default=w.conditions,
+                   help=f"run in this order, from alone,neighbour,weighted,parent (default {w.conditions}; parent: "
+                   "as weighted, and the managed groups' parent group weighted from the sum of their quotas)")
     p.add_argument("--neighbour-procs", type=int, help="busy loops in the neighbour (default: one per node core)")
+    p.add_argument("--neighbour-at", choices=weights.NEIGHBOUR_AT, default=w.neighbour_at,
+                   help="sibling: the neighbour beside the managed groups under the run's parent group (another "
+                   "container); root: beside that parent (a host process outside docker/) (default sibling)")
     p.add_argument("--node-cores", type=float, help="the node's cores (default: the CPUs this process may use)")
     p.add_argument("--cgroup-root", default=w.cgroup_root, help="the cgroup filesystem")
     p.add_argument("--from", dest="from_file", metavar="JSON", help="measure nothing: report a --json output")
     p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
+    p.add_argument("--section", help="with --update: a named generated section, for several runs in one file")
     p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
     p.set_defaults(func=cmd_weights)

@@ -37,7 +37,8 @@ def test_conditions_and_other_options_are_checked_before_anything_runs():
     for bad, flag in [(dict(workload="gpu"), "--workload"), (dict(duration_s=0), "--duration-s"),
                       (dict(warmup_s=-1), "--warmup-s"), (dict(model="alexnet"), "--models"),
                       (dict(node_cores=0), "--node-cores"), (dict(neighbour_procs=0), "--neighbour-procs"),
-                      (dict(batch_size=0), "--batch-size")]:
+                      (dict(batch_size=0), "--batch-size"), (dict(neighbour_at="moon"), "--neighbour-at"),
+                      (dict(section="a b"), "--section")]:
         with pytest.raises(ExperimentError, match=flag):
             weights.validate(weights.WeightsOptions(**bad))
     cores, quotas, conds = weights.validate(weights.WeightsOptions(node_cores=4))
@@ -75,8 +76,21 @@ def test_report_from_a_json_output_replaces_only_its_section(tmp_path):
     assert "kept" in text and "tail kept" in text and "old" not in text
     assert ("| (a) no neighbour, default weights | managed-0 | 0.5 | 1024 | 0.499 | 1.00 | 97% | 3.610 | 15 |"
             in text)
-    assert "| (a) no neighbour, default weights | - | 0.020 | 0.10 / 0.50 |" in text
+    assert "| (a) no neighbour, default weights | - | - | 0.020 | 0.10 / 0.50 |" in text
     assert "load average before the run 0.1 0.2 0.3" in text
+
+
+def test_named_sections_sit_side_by_side(tmp_path):
+    src = tmp_path / "out.json"
+    src.write_text(json.dumps(_result()))
+    md = tmp_path / "results.md"
+    for section in ("sibling", "host", "sibling"):
+        weights.run(weights.WeightsOptions(section=section), lambda m: None, from_file=str(src), update=str(md))
+    text = md.read_text()
+    for section in ("sibling", "host"):
+        begin, end = weights.markers(section)
+        assert text.count(begin) == 1 and text.count(end) == 1
+    assert weights.BEGIN not in text
 
 
 def test_cli_bad_input_is_one_line_and_changes_nothing(tmp_path):

@@ -40,18 +40,22 @@ def test_weights_experiment_runs_the_inference_workload_and_cleans_up(tmp_path: 
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "experiment", "weights", "--quotas", "0.3,0.6", "--model",
          "mobilenetv2", "--batch-size", "2", "--resolution", "64", "--duration-s", "3", "--warmup-s", "1",
-         "--json", "--update", str(md)],
+         "--neighbour-at", "root", "--conditions", "alone,neighbour,weighted,parent", "--json", "--update", str(md)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     stdout, stderr = proc.communicate(timeout=220)
     assert proc.returncode == 0, stderr[-2000:]
-    assert "[3/3] (c) neighbour, managed weights from the limits" in stderr  # progress, on stderr
+    assert "[4/4] (d) neighbour, managed and parent weights from the limits" in stderr  # progress, on stderr
     out = json.loads(stdout.strip().splitlines()[-1])
     res = out["result"]
     version = cgroupfs.cpu_version(cgroup_root)
     scale = cgroupfs.weight_scale(version)
     assert res["cgroup_version"] == version and res["weight_file"] == scale.file
-    assert [c["condition"] for c in res["conditions"]] == ["alone", "neighbour", "weighted"]
+    assert [c["condition"] for c in res["conditions"]] == ["alone", "neighbour", "weighted", "parent"]
+    assert res["neighbour_at"] == "root"
+    node_cores = out["machine"]["node_cores"]
     for c in res["conditions"]:
+        want_parent = weights.managed_weight(version, 0.9, node_cores) if c["condition"] == "parent" else 1.0
+        assert c["parent_weight_raw"] == scale.raw_for(want_parent)
         assert [g["group"] for g in c["groups"]] == ["managed-0", "managed-1"]
         assert (c["neighbour_cores"] > 0) == c["neighbour"]
         for g, quota in zip(c["groups"], (0.3, 0.6), strict=True):
@@ -60,12 +64,12 @@ def test_weights_experiment_runs_the_inference_workload_and_cleans_up(tmp_path: 
             assert g["ratio"] == pytest.approx(g["cores"] / quota, abs=1e-3)
             assert g["throttled_share"] is None or 0 <= g["throttled_share"] <= 1
             assert g["batches"] >= 1 and g["latency_median_s"] > 0  # a 2-image 64 px batch takes well under 1 s
-            want = weights.managed_weight(version, quota, out["machine"]["node_cores"]) if c["weighted"] else 1.0
+            want = weights.managed_weight(version, quota, node_cores) if c["weighted"] else 1.0
             assert g["weight"] == pytest.approx(want) and g["weight_raw"] == scale.raw_for(want)
     assert weights.BEGIN in md.read_text() and "| (c) neighbour, managed weights from the limits | managed-1 | 0.6 |" \
         in md.read_text()
-    parent = _parent(cgroup_root, proc.pid)
-    assert not any(d.exists() for d in parent.dirs())
+    for rel in (f"dqoes-weights-{proc.pid}", f"dqoes-weights-{proc.pid}-neighbour"):
+        assert not any(d.exists() for d in cgroupfs.group_at(cgroup_root, rel).dirs())
 
 
 @pytest.mark.timeout(120)
