@@ -7,6 +7,8 @@ count printed by the others. Pure: series in, numbers out.
 
 from __future__ import annotations
 
+import math
+
 
 def plateau(series: list[tuple[float, int]], start_s: float, end_s: float, samples: int = 61) -> int:
     """Lower median of a step function |S|(t) sampled evenly over [start_s, end_s].
@@ -68,3 +70,17 @@ def rounds_to_settle(rounds: list[tuple[float, float]], after_s: float, move: fl
     if not moved:
         return 0, 0.0
     return len(moved), moved[-1] - after_s
+
+
+def normal_cdf(z: float) -> float:
+    return 0.5 * math.erfc(-z / math.sqrt(2.0))
+
+
+def band_chances(mean_log_s: float, sd_log: float, slow_log_s: float, fast_log_s: float) -> tuple[float, float]:
+    """(P(met), P(in band)) of one batch whose log latency is normal(mean_log_s, sd_log), for a band
+    [fast_log_s, slow_log_s] in log seconds: met below its slow edge, in band between its edges."""
+    if sd_log <= 0:
+        met = 1.0 if mean_log_s <= slow_log_s else 0.0
+        return met, met if mean_log_s >= fast_log_s else 0.0
+    met = normal_cdf((slow_log_s - mean_log_s) / sd_log)
+    return met, max(0.0, met - normal_cdf((fast_log_s - mean_log_s) / sd_log))

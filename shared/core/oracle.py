@@ -16,9 +16,11 @@ use, not on limits, because batches with non-CPU overhead leave CPU for others
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from shared.core.allocate import Choice, choose
 from shared.core.classification import classify_views
 from shared.core.dqoes import floor_limit
 from shared.core.policy import (
@@ -234,3 +236,92 @@ SPEC = PolicySpec(
     factory=lambda params, context: OraclePolicy(params, context.curve_of),
     needs_curves=True,
 )
+
+
+# --- The ceiling under noise -------------------------------------------------------------------
+#
+# With per-batch noise the latest batch of a container at a given limit is a random draw, so "in
+# band" and "met" are probabilities, and the count above (which asks only that the noise-free
+# latency lies in the band) is a bound no policy can approach once the noise is as wide as the
+# band. What any policy can expect is bounded by the best allocation of expected counts.
+
+NOISE_GRID = 160
+"""Limits tried per container between the floor and the cap (geometric), for the ceilings below."""
+
+
+def latency_cdf(p: ModelProfile, limit: float, node_cores: float, latency_s: float, sigma: float) -> float:
+    """P(one batch's latency <= latency_s) alone at this limit (a fraction of the node), the
+    work per batch log-normal with log standard deviation `sigma` (the simulator's noise)."""
+    base = p.latency_s(limit * node_cores, node_cores)
+    cpu_part = base - p.overhead_s
+    room = latency_s - p.overhead_s
+    if room <= 0:
+        return 0.0
+    if cpu_part <= 0:
+        return 1.0
+    if sigma <= 0:
+        return 1.0 if cpu_part <= room * (1 + _SLACK) else 0.0
+    return 0.5 * math.erfc(-math.log(room / cpu_part) / (sigma * math.sqrt(2.0)))
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """Expected counts of one allocation, and the ceilings no allocation can pass."""
+
+    met: float
+    in_band: float
+    cpu_share: float
+    """Average CPU the allocation uses, as a fraction of the node."""
+    limits: dict[str, float]
+    met_ceiling: float
+    """The most met any allocation can expect (it may spend the node making everyone fast)."""
+    in_band_ceiling: float
+    """The most in band any allocation can expect."""
+
+
+def _grid(floor: float, cap: float) -> list[float]:
+    if cap <= floor:
+        return [floor]
+    r = (cap / floor) ** (1.0 / (NOISE_GRID - 1))
+    return [min(cap, floor * r**i) for i in range(NOISE_GRID)]
+
+
+def _table(it: OracleItem, grid: Sequence[float], node_cores: float, sigma: float) -> list[tuple[float, float, float]]:
+    """(use, P(met), P(in band)) at each limit of the grid."""
+    rows = []
+    slow = (1 + it.alpha) * it.objective_s
+    fast = (1 - it.alpha) * it.objective_s
+    for limit in grid:
+        met = latency_cdf(it.profile, limit, node_cores, slow, sigma)
+        too_fast = latency_cdf(it.profile, limit, node_cores, fast * (1 - 2 * _SLACK), sigma)
+        rows.append((average_use(it.profile, limit, node_cores), met, max(0.0, met - too_fast)))
+    return rows
+
+
+def expected_plan(
+    items: Sequence[OracleItem], node_cores: float, sigma: float, total_resource: float = 1.0,
+    in_band_weight: float = 1.0,
+) -> Expected:
+    """The allocation maximising expected met + in_band_weight x expected in band, and the ceilings.
+
+    Known curves and known noise: the oracle's best under noise (shared.core.allocate on a grid of
+    limits). met_ceiling and in_band_ceiling are the LP bounds of the same problem with only met
+    or only in band as the value: each alone, no one allocation need reach both."""
+    if not items:
+        return Expected(0.0, 0.0, 0.0, {}, 0.0, 0.0)
+    floor = floor_limit(len(items))
+    grid = _grid(floor, total_resource)
+    tables = [_table(it, grid, node_cores, sigma) for it in items]
+
+    def solve(value) -> Choice:
+        return choose([[(row[0], value(row)) for row in t] for t in tables], 1.0)
+
+    met_ceiling = solve(lambda r: r[1]).bound
+    band_ceiling = solve(lambda r: r[2]).bound
+    plan = solve(lambda r: r[1] + in_band_weight * r[2])
+    rows = [t[j] for t, j in zip(tables, plan.picks, strict=True)]
+    return Expected(
+        sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[0] for r in rows),
+        {it.name: grid[j] for it, j in zip(items, plan.picks, strict=True)},
+        min(met_ceiling, len(items)), min(band_ceiling, len(items)),
+    )

@@ -23,7 +23,7 @@ from typing import Any
 from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.measures import SETTLED_MOVE, converged, limit_move, plateau, rounds_to_settle
-from shared.core.oracle import OracleItem, plan_node
+from shared.core.oracle import OracleItem, expected_plan, plan_node
 from shared.core.policy import Policy, PolicyContext
 from shared.core.profiles import ModelProfile
 from shared.core.types import Decision, is_met, is_satisfied
@@ -95,6 +95,13 @@ class SimResult:
     met_at_end: int = 0
     oracle_met: int = 0
     """The most containers any steady allocation could keep met (knows every curve)."""
+    ceiling_met: float = 0.0
+    """Under the run's noise: the most met any allocation can expect (knows curves and noise)."""
+    ceiling_in_band: float = 0.0
+    """Under the run's noise: the most in band any allocation can expect."""
+    oracle_noise_met: float = 0.0
+    """Expected met of the allocation maximising expected met + in band (knows curves and noise)."""
+    oracle_noise_in_band: float = 0.0
     cpu_cores_final: float = 0.0
     """Cores the managed containers used, on average over the final window, all nodes."""
     cores_total: float = 0.0
@@ -136,6 +143,10 @@ class SimResult:
             "oracle_met": self.oracle_met,
             "oracle_satisfied": self.oracle_satisfied,
             "oracle_per_node": self.oracle_per_node,
+            "ceiling_met": round(self.ceiling_met, 3),
+            "ceiling_in_band": round(self.ceiling_in_band, 3),
+            "oracle_noise_met": round(self.oracle_noise_met, 3),
+            "oracle_noise_in_band": round(self.oracle_noise_in_band, 3),
             "limit_changes": self.limit_changes,
             "changes_per_container_round": round(self.changes_per_container_round, 4),
             "settle": self.settle,
@@ -368,6 +379,7 @@ def simulate(
     met_end = {n: 0 for n in nodes}
     oracle_per_node = {}
     oracle_met = 0
+    noisy = {"ceiling_met": 0.0, "ceiling_in_band": 0.0, "oracle_noise_met": 0.0, "oracle_noise_in_band": 0.0}
     span = end - window_at
     cpu_window_s = sum(window_cpu_removed.values())
     for name, node in nodes.items():
@@ -400,6 +412,11 @@ def simulate(
         plan = plan_node(items, node.cores, scenario.controller.total_resource)
         oracle_per_node[name] = plan.count
         oracle_met += plan.met_count
+        ex = expected_plan(items, node.cores, scenario.noise_sigma, scenario.controller.total_resource)
+        noisy["ceiling_met"] += ex.met_ceiling
+        noisy["ceiling_in_band"] += ex.in_band_ceiling
+        noisy["oracle_noise_met"] += ex.met
+        noisy["oracle_noise_in_band"] += ex.in_band
     if progress is not None:
         progress(1.0)
     conv, conv_at = converged(series)
@@ -437,6 +454,7 @@ def simulate(
         met_per_node=met_per_node,
         met_at_end=sum(met_end.values()),
         oracle_met=oracle_met,
+        **noisy,
         cpu_cores_final=cpu_window_s / span if span > 0 else 0.0,
         cores_total=sum(n.cores for n in nodes.values()),
         limit_changes=counters["changes"],
