@@ -3,16 +3,20 @@
 Seeds 1001-1020 of `random-cluster-40` (4 nodes of random sizes in
 {2, 4, 4.6, 6, 8} cores, 40 mixed models, random noise, objective changes and
 drift) and of `paper-cluster-40` were never run while the learned allocator
-was developed (development used seeds 1-12). Every policy runs each seed;
+was developed (development used seeds 1-40; the held-out twenty were run only to
+report, never to choose between variants). Every policy runs each seed;
 the learned allocator runs once more with a calibrated profile as its prior
 whose work per batch is off by +-30 % per model.
 
 Goals for the learned allocator without a prior (issue "An allocator that
 meets the objectives DQoES leaves unmet"): met >= 0.97 x the oracle, in band
 >= 0.95 x the oracle, settled within 3 rounds of a change, fewer limit
-changes and no more CPU than DQoES. "The oracle" is printed two ways: its
-bound (the most any steady allocation can keep met / in band, noise-free)
-and what the oracle policy itself achieves in the same noisy runs.
+changes and no more CPU than DQoES. "The oracle" is printed three ways: its
+noise-free bound (the most any steady allocation could keep met / in band if
+batches had no noise), the oracle under noise (the expected counts of the
+allocation, knowing every curve and the noise, with the most expected met +
+in band: docs/algorithms.md, "The ceiling under noise"), and what the oracle
+policy itself achieves in the same noisy runs.
 
 Writes bench/out/policies.json; `--update FILE` also writes the tables into
 the generated section of a Markdown file (docs/results.md).
@@ -72,6 +76,12 @@ def run() -> dict[str, Any]:
             "learned_in_band_to_oracle_bound": report(f"{name}: learned in band / oracle bound",
                                                       learned["in_band_to_oracle"] or 0.0, "x", goal=0.95,
                                                       lower_is_better=False),
+            "learned_met_to_noise_oracle": report(f"{name}: learned met / oracle under noise",
+                                                  learned["met_to_noise_oracle"] or 0.0, "x", goal=0.97,
+                                                  lower_is_better=False),
+            "learned_in_band_to_noise_oracle": report(f"{name}: learned in band / oracle under noise",
+                                                      learned["in_band_to_noise_oracle"] or 0.0, "x", goal=0.95,
+                                                      lower_is_better=False),
             "learned_met_to_oracle_policy": report(f"{name}: learned met / oracle policy's met",
                                                    ratio_met or 0.0, "x", goal=0.97, lower_is_better=False),
             "learned_in_band_to_oracle_policy": report(f"{name}: learned in band / oracle policy's in band",
@@ -119,7 +129,11 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append("")
         o = v["summary"]["oracle"]
         lines.append(f"The oracle policy itself, in the same noisy runs: met {o['met_mean']:.1f}, in band "
-                     f"{o['in_band_mean']:.1f} (its bound: {o['oracle_met_mean']:.1f} / {o['oracle_in_band_mean']:.1f}).")
+                     f"{o['in_band_mean']:.1f} (its noise-free bound: {o['oracle_met_mean']:.1f} / "
+                     f"{o['oracle_in_band_mean']:.1f}). Under each run's noise, the allocation with the most "
+                     f"expected met + in band expects met {o['noise_oracle_met_mean']:.1f}, in band "
+                     f"{o['noise_oracle_in_band_mean']:.1f}; no allocation can expect more than "
+                     f"{o['ceiling_met_mean']:.1f} met or {o['ceiling_in_band_mean']:.1f} in band (each alone).")
         lines.append("")
     lines.append(END)
     return "\n".join(lines)

@@ -26,16 +26,23 @@ The model (docs/algorithms.md, "The learned allocator"):
   down-weighted, and two consecutive batches far off the curve on the same
   side mean the curve moved (drift): the model restarts from them.
 
-The solver, each round: every container's target is its objective (nudged
-below the band's centre by half the measured noise, so a noisy container
-still meets it); the limit that reaches the target with the model's
-uncertainty as a margin is its cost. Containers faster than their band even
-at the floor get the floor (met, not in band). The rest are taken cheapest
-first while the node has room (one unit of value each: this maximises the
-count exactly for the model); those left out and those that cannot meet
-their objective even alone get a fair best effort from what is left, never
-less than the floor. Limits move only past a dead band; the next round comes
-when the next informative batch is due, backing off when nothing is.
+The solver, each round: a container's cheapest limit to be met is where its
+fitted curve reaches the band's slow edge less 1.5 noise sd (with the fit's
+uncertainty as a margin), or its aim if that is cheaper; its aim is the limit
+where its next batch is most often met plus in band, given the measured
+noise and what the fit does not know yet (so a container whose noise is as
+wide as its band is aimed inside the band, not past its fast edge).
+Containers faster than their band even at the floor get the floor (met, not
+in band). The rest are taken cheapest first while the node has room (one
+unit of value each: this maximises the count for the model), and room left
+moves them to their aims. What is still left goes whole to one container
+left out for room when that is worth more, in expected met + in band, than
+an equal split; the others left out and those that cannot meet their
+objective even alone get a fair best effort from what remains, never less
+than the floor. Limits move only past a dead band; the next round comes when
+the next informative batch is due, backing off when nothing is.
+(`expected_aim = 0` gives the earlier aim: the slow-edge margin, then the
+band's centre.)
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from dataclasses import dataclass, field
 
 from shared.core.classification import classify_views
 from shared.core.dqoes import floor_limit
+from shared.core.measures import band_chances
 from shared.core.policy import (
     BaseParams,
     CurveLookup,
@@ -77,6 +85,10 @@ MAX_STEP_UNCERTAIN = 2.0
 """While the fit is uncertain a limit moves at most by this factor a round."""
 UNCERTAIN_SD = 0.25
 BEST_EFFORT_DEAD_BAND = 0.25
+TARGET_GRID = 48
+"""Limits tried between the floor and the cap when aiming a container (geometric)."""
+VALUE_DEAD_BAND = 0.05
+"""A move of an aimed container that raises its P(met) + P(in band) by less than this is not made."""
 SAT_PROBE = 1.5
 """A container that cannot be met may get this many times its seen ceiling (room to show more);
 above 1 / (1 - BEST_EFFORT_DEAD_BAND), so the probe is never held back by the dead band."""
@@ -105,6 +117,10 @@ class LearnedParams(BaseParams):
     """What a container that cannot be met gets at most, in fair shares of the node (node / |C|)."""
     use_prior: float = 0.0
     """1: start each curve from the container's calibrated profile (when one is known); 0: observations only."""
+    expected_aim: float = 1.0
+    """1: aim each container where its next batch is most often met and in band under the measured
+    noise, and give what is left to one left out for room where that is worth more than an equal split;
+    0: the slow edge less 1.5 noise sd, then the band's centre as room allows (the earlier aim)."""
 
     def __post_init__(self) -> None:
         BaseParams.__post_init__(self)
@@ -113,7 +129,8 @@ class LearnedParams(BaseParams):
             raise ValueError("max_interval_s must be >= initial_interval_s")
         check_total_resource(self.total_resource)
         for name, lo, hi in (("half_life_batches", 1.0, 1000.0), ("confidence_z", 0.0, 5.0),
-                             ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0)):
+                             ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0),
+                             ("expected_aim", 0.0, 1.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and lo <= v <= hi):
                 raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
@@ -266,6 +283,8 @@ class LearnedPolicy(PolicyBase):
         self.chosen: set[str] = set()
         """Containers the last round gave what they need to be met."""
         self._interval_s = self.params.initial_interval_s
+        self.chance: str | None = None
+        """The container left out for room that was given what was left last round."""
 
     def set_params(self, params: LearnedParams) -> None:
         self.params = params
@@ -338,7 +357,8 @@ class LearnedPolicy(PolicyBase):
                     w *= OUTLIER_SD * sd / abs(resid)  # one odd batch counts little
                 else:
                     curve.suspects.clear()
-                    r2 = resid * resid
+                    # What the fit does not know yet is not batch-to-batch noise.
+                    r2 = max(0.0, resid * resid - pred[1] ** 2)
                     curve.noise2 = r2 if curve.noise2 is None else curve.noise2 + NOISE_SMOOTHING * (r2 - curve.noise2)
             curve.add(x, y, w, decay)
 
@@ -391,6 +411,11 @@ class LearnedPolicy(PolicyBase):
                     at_old = self.curves[v.name].predict(old * cores)
                     tell = 2 * at_old[1] if at_old is not None else 0.0
                     keep = abs(math.log(new / old)) <= max(math.log1p(p.dead_band), tell)
+                    if not keep and p.expected_aim >= 0.5 and plan.kind == "in band":
+                        # Nor one that adds little to its chances: the value is flat near its best.
+                        curve = self.curves[v.name]
+                        gain = sum(_chances(curve, v, new * cores)) - sum(_chances(curve, v, old * cores))
+                        keep = new > old and gain < VALUE_DEAD_BAND
                 else:  # cannot be met: a share, not a target
                     keep = abs(new - old) <= BEST_EFFORT_DEAD_BAND * max(old, new)
                 if keep:
@@ -447,6 +472,7 @@ class LearnedPolicy(PolicyBase):
         margin: dict[str, float] = {}
         best_effort: list[str] = []
         learning: list[ContainerView] = []
+        best_limit: dict[str, float] = {}
         for v in views:
             curve = self.curves[v.name]
             fit = curve.solve()
@@ -470,6 +496,12 @@ class LearnedPolicy(PolicyBase):
             fast_edge = curve.cores_for((1 - v.alpha) * v.objective_s * math.exp(noise), 0.0) or math.inf
             margin[v.name] = min(max(need, safe), cap)
             centre[v.name] = min(max(margin[v.name], min(mid, fast_edge) / cores), cap)
+            if p.expected_aim >= 0.5:
+                # Aimed where its next batch is most often met and in band (the measured noise and
+                # what the fit does not know yet), the least CPU on ties; never priced above the margin.
+                best = best_limit[v.name] = expected_best_limit(curve, v, cores, floor, cap)
+                need = min(need, best)
+                margin[v.name] = centre[v.name] = max(best, need)
             if v.limit is not None and need * (1 - p.dead_band) <= v.limit <= min(cap, fast_edge / cores) and _in_band(v):
                 at = curve.predict(v.limit * cores)
                 if at is not None and at[0] <= math.log(edge_s):
@@ -514,6 +546,8 @@ class LearnedPolicy(PolicyBase):
                 give = min(step, budget)
                 plans[name] = _Plan(plans[name].limit + give, "in band", plans[name].need)
                 budget -= give
+        if p.expected_aim >= 0.5 and budget > 1e-9:
+            budget = self._one_more_chance(views, plans, best_effort, best_limit, cores, floor, budget)
         # Then an equal part to each container that cannot be met, up to its fair share.
         limit_each = max(floor, min(cap, p.best_effort_share / max(1, n)))
         want = {}
@@ -534,6 +568,45 @@ class LearnedPolicy(PolicyBase):
                 if plans[name].limit >= want[name] - 1e-12:
                     del want[name]
         return plans
+
+    def _one_more_chance(self, views: Sequence[ContainerView], plans: dict[str, _Plan], best_effort: list[str],
+                         best_limit: dict[str, float], cores: float, floor: float, budget: float) -> float:
+        """What is left to one container left out for room, where that is worth more than the fair split.
+
+        A container met alone but left out gets nothing from an equal split that reaches its band; all
+        of what is left may give it a fair chance. Compared in expected met + in band of the next
+        batches: the fair split (below) against the one container, among those left out, that the rest
+        lifts furthest. Returns the budget left."""
+        by_name = {v.name: v for v in views}
+        n = len(views)
+        limit_each = max(floor, min(self.params.total_resource, self.params.best_effort_share / max(1, n)))
+        split = budget / max(1, len(best_effort))
+
+        def value(name: str, limit: float) -> float:
+            met, in_band = _chances(self.curves[name], by_name[name], limit * cores)
+            return met + in_band
+
+        spread = sum(value(k, min(limit_each, plans[k].limit + split)) - value(k, plans[k].limit) for k in best_effort)
+        best = None
+        for k in best_effort:
+            if k not in best_limit or plans[k].kind != "no room":
+                continue
+            top = min(best_limit[k], plans[k].limit + budget)
+            gain = value(k, top) - value(k, plans[k].limit)
+            if gain > spread + 1e-9:
+                # Last round's holder keeps the chance while it is still worth more than the split.
+                key = (k == self.chance, gain)
+                if best is None or key > best[0]:
+                    best = (key, k, top)
+        if best is None:
+            self.chance = None
+            return budget
+        _, k, top = best
+        self.chance = k
+        budget -= top - plans[k].limit
+        plans[k] = _Plan(top, "no room", plans[k].need)
+        best_effort.remove(k)
+        return budget
 
     def _next_interval(self, now_s: float) -> float:
         """The wait until a batch is due that can change a decision; doubling while none is."""
@@ -573,6 +646,32 @@ def _choose(candidates: Sequence[tuple[float, str]], budget: float, incumbents: 
     best = greedy(sorted(candidates))
     stable = greedy(sorted(candidates, key=lambda c: (c[1] not in incumbents, c[0], c[1])))
     return stable if len(stable) >= len(best) else best
+
+
+def expected_best_limit(curve: Curve, v: ContainerView, cores: float, lo: float, hi: float) -> float:
+    """The limit in [lo, hi] with the most P(met) + P(in band) for the next batch, least CPU on ties.
+
+    The next batch's log latency is the curve's prediction, spread by sqrt(noise^2 + model var):
+    the measured batch-to-batch noise and what the fit does not know yet."""
+    if curve.solve() is None:
+        return hi
+    best, best_value = hi, -1.0
+    ratio = (hi / lo) ** (1.0 / (TARGET_GRID - 1)) if hi > lo else 1.0
+    for i in range(TARGET_GRID):
+        limit = min(hi, lo * ratio**i)
+        met, in_band = _chances(curve, v, limit * cores)
+        if met + in_band > best_value + 1e-6:
+            best, best_value = limit, met + in_band
+    return best
+
+
+def _chances(curve: Curve, v: ContainerView, cores: float) -> tuple[float, float]:
+    """(P(met), P(in band)) of the next batch with this many cores, per the fit and the noise."""
+    pred = curve.predict(cores)
+    if pred is None:
+        return 0.0, 0.0
+    return band_chances(pred[0], math.sqrt(curve.noise**2 + pred[1] ** 2),
+                        math.log((1 + v.alpha) * v.objective_s), math.log((1 - v.alpha) * v.objective_s))
 
 
 def _in_band(v: ContainerView) -> bool:
