@@ -89,6 +89,8 @@ TARGET_GRID = 48
 """Limits tried between the floor and the cap when aiming a container (geometric)."""
 VALUE_DEAD_BAND = 0.05
 """A move of an aimed container that raises its P(met) + P(in band) by less than this is not made."""
+CHANCE_MARGIN = 0.1
+"""How much more (in P(met) + P(in band)) than an equal split a new holder of what is left must gain."""
 SAT_PROBE = 1.5
 """A container that cannot be met may get this many times its seen ceiling (room to show more);
 above 1 / (1 - BEST_EFFORT_DEAD_BAND), so the probe is never held back by the dead band."""
@@ -593,7 +595,8 @@ class LearnedPolicy(PolicyBase):
                 continue
             top = min(best_limit[k], plans[k].limit + budget)
             gain = value(k, top) - value(k, plans[k].limit)
-            if gain > spread + 1e-9:
+            # Hysteresis: a new holder must be worth clearly more than the split; the holder, no less.
+            if gain > spread + (1e-9 if k == self.chance else CHANCE_MARGIN):
                 # Last round's holder keeps the chance while it is still worth more than the split.
                 key = (k == self.chance, gain)
                 if best is None or key > best[0]:

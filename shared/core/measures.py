@@ -84,3 +84,25 @@ def band_chances(mean_log_s: float, sd_log: float, slow_log_s: float, fast_log_s
         return met, met if mean_log_s >= fast_log_s else 0.0
     met = normal_cdf((slow_log_s - mean_log_s) / sd_log)
     return met, max(0.0, met - normal_cdf((fast_log_s - mean_log_s) / sd_log))
+
+
+def lower_median_count(chances: list[float]) -> int:
+    """Lower median of how many of independent events happen, each with its own chance.
+
+    A run's count is the lower median over time of how many containers are met (or in band) on a
+    node (`plateau`); with noise each container is met at a given limit with some chance, so the
+    same statistic of an allocation is the lower median of this Poisson-binomial count."""
+    dist = [1.0]
+    for p in chances:
+        p = min(1.0, max(0.0, p))
+        nxt = [0.0] * (len(dist) + 1)
+        for k, q in enumerate(dist):
+            nxt[k] += q * (1 - p)
+            nxt[k + 1] += q * p
+        dist = nxt
+    total = 0.0
+    for k, q in enumerate(dist):
+        total += q
+        if total >= 0.5 - 1e-12:
+            return k
+    return len(dist) - 1

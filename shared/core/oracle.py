@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from shared.core.allocate import Choice, choose
 from shared.core.classification import classify_views
 from shared.core.dqoes import floor_limit
+from shared.core.measures import lower_median_count
 from shared.core.policy import (
     BaseParams,
     CurveLookup,
@@ -277,6 +278,9 @@ class Expected:
     """The most met any allocation can expect (it may spend the node making everyone fast)."""
     in_band_ceiling: float
     """The most in band any allocation can expect."""
+    met_median: int = 0
+    """Lower median of the allocation's met count: the statistic a run's plateau reports."""
+    in_band_median: int = 0
 
 
 def _grid(floor: float, cap: float) -> list[float]:
@@ -324,4 +328,5 @@ def expected_plan(
         sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[0] for r in rows),
         {it.name: grid[j] for it, j in zip(items, plan.picks, strict=True)},
         min(met_ceiling, len(items)), min(band_ceiling, len(items)),
+        lower_median_count([r[1] for r in rows]), lower_median_count([r[2] for r in rows]),
     )

@@ -102,6 +102,9 @@ class SimResult:
     oracle_noise_met: float = 0.0
     """Expected met of the allocation maximising expected met + in band (knows curves and noise)."""
     oracle_noise_in_band: float = 0.0
+    oracle_noise_met_median: int = 0
+    """Lower median of that allocation's met count per node, summed: the statistic met_final is."""
+    oracle_noise_in_band_median: int = 0
     cpu_cores_final: float = 0.0
     """Cores the managed containers used, on average over the final window, all nodes."""
     cores_total: float = 0.0
@@ -147,6 +150,8 @@ class SimResult:
             "ceiling_in_band": round(self.ceiling_in_band, 3),
             "oracle_noise_met": round(self.oracle_noise_met, 3),
             "oracle_noise_in_band": round(self.oracle_noise_in_band, 3),
+            "oracle_noise_met_median": self.oracle_noise_met_median,
+            "oracle_noise_in_band_median": self.oracle_noise_in_band_median,
             "limit_changes": self.limit_changes,
             "changes_per_container_round": round(self.changes_per_container_round, 4),
             "settle": self.settle,
@@ -379,7 +384,9 @@ def simulate(
     met_end = {n: 0 for n in nodes}
     oracle_per_node = {}
     oracle_met = 0
-    noisy = {"ceiling_met": 0.0, "ceiling_in_band": 0.0, "oracle_noise_met": 0.0, "oracle_noise_in_band": 0.0}
+    noisy: dict[str, Any] = {"ceiling_met": 0.0, "ceiling_in_band": 0.0, "oracle_noise_met": 0.0,
+                             "oracle_noise_in_band": 0.0, "oracle_noise_met_median": 0,
+                             "oracle_noise_in_band_median": 0}
     span = end - window_at
     cpu_window_s = sum(window_cpu_removed.values())
     for name, node in nodes.items():
@@ -417,6 +424,8 @@ def simulate(
         noisy["ceiling_in_band"] += ex.in_band_ceiling
         noisy["oracle_noise_met"] += ex.met
         noisy["oracle_noise_in_band"] += ex.in_band
+        noisy["oracle_noise_met_median"] += ex.met_median
+        noisy["oracle_noise_in_band_median"] += ex.in_band_median
     if progress is not None:
         progress(1.0)
     conv, conv_at = converged(series)

@@ -87,3 +87,20 @@ def test_noise_wider_than_the_band_lowers_the_in_band_ceiling():
     assert quiet.in_band_ceiling == pytest.approx(plan_node(items, 8.0).count, abs=1.0)
     # One batch in band is at most P(|z| < alpha / sigma)-likely per container, whatever its limit.
     assert noisy.in_band_ceiling <= len(items) * (2 * 0.5 * math.erfc(-(0.1 / 0.15) / math.sqrt(2)) - 1) + 0.1
+
+
+def test_lower_median_count():
+    from shared.core.measures import lower_median_count
+
+    assert lower_median_count([]) == 0
+    assert lower_median_count([1.0, 1.0, 0.0]) == 2
+    assert lower_median_count([0.5]) == 0  # a tie counts against: the lower median
+    assert lower_median_count([0.5, 0.5]) == 1
+    # Thirty near-certain and a few coin flips: the median sits above the mean.
+    ps = [0.97] * 30 + [0.3] * 4
+    assert lower_median_count(ps) == 30 and sum(ps) < 30.3
+    rng = random.Random(5)
+    for _ in range(20):  # against sampling
+        ps = [rng.random() for _ in range(rng.randint(1, 12))]
+        draws = sorted(sum(rng.random() < p for p in ps) for _ in range(4001))
+        assert abs(draws[2000] - lower_median_count(ps)) <= 1
