@@ -96,6 +96,9 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"   in band {s['satisfied_final']} (oracle {s['oracle_satisfied']})"
               f"   CPU spent {s['cpu_cores_final']:.2f} of {s['cores_total']:g} cores "
               f"({s['cpu_cores_idle_final']:.2f} idle)")
+        print(f"  oracle under this run's noise: met {s['oracle_noise_met_median']}, in band "
+              f"{s['oracle_noise_in_band_median']} as a run counts them; at most {s['ceiling_met']:.1f} met "
+              f"or {s['ceiling_in_band']:.1f} in band expected (the oracle figures above are noise-free)")
         per = "  ".join(f"{k}: {s['met_per_node'][k]}/{v}" for k, v in s["satisfied_per_node"].items())
         print(f"  per node (met/in band): {per}")
         st = s["settle"]

@@ -90,9 +90,18 @@ def test_run_json_last_line(capsys, tmp_path):
     last = capsys.readouterr().out.strip().splitlines()[-1]
     obj = json.loads(last)
     for key in ("scenario", "policy", "seed", "containers", "nodes", "satisfied_final", "satisfied_per_node",
-                "oracle_satisfied", "converged_round", "rounds", "sim_duration_s"):
+                "oracle_satisfied", "converged_round", "rounds", "sim_duration_s", "ceiling_met", "ceiling_in_band",
+                "oracle_noise_met", "oracle_noise_in_band", "oracle_noise_met_median", "oracle_noise_in_band_median"):
         assert key in obj
     assert isinstance(obj["satisfied_per_node"], dict)
+    assert obj["oracle_noise_in_band"] <= obj["ceiling_in_band"] + 1e-6
+    assert obj["oracle_noise_met"] <= obj["ceiling_met"] + 1e-6
+
+
+def test_run_text_names_the_oracle_under_noise(capsys):
+    assert main(["experiment", "run", "paper-varied", "--policy", "learned", "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "oracle under this run's noise: met " in out and "in band expected" in out
     rows = [json.loads(x) for x in (tmp_path / "paper-varied_dqoes_seed1.jsonl").read_text().splitlines()]
     assert rows[0]["kind"] == "meta" and rows[-1]["kind"] == "result"
     assert {r["kind"] for r in rows} == {"meta", "round", "container", "result"}
