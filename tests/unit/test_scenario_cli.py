@@ -96,15 +96,15 @@ def test_run_json_last_line(capsys, tmp_path):
     assert isinstance(obj["satisfied_per_node"], dict)
     assert obj["oracle_noise_in_band"] <= obj["ceiling_in_band"] + 1e-6
     assert obj["oracle_noise_met"] <= obj["ceiling_met"] + 1e-6
+    rows = [json.loads(x) for x in (tmp_path / "paper-varied_dqoes_seed1.jsonl").read_text().splitlines()]
+    assert rows[0]["kind"] == "meta" and rows[-1]["kind"] == "result"
+    assert {r["kind"] for r in rows} == {"meta", "round", "container", "result"}
 
 
 def test_run_text_names_the_oracle_under_noise(capsys):
     assert main(["experiment", "run", "paper-varied", "--policy", "learned", "--seed", "1"]) == 0
     out = capsys.readouterr().out
     assert "oracle under this run's noise: met " in out and "in band expected" in out
-    rows = [json.loads(x) for x in (tmp_path / "paper-varied_dqoes_seed1.jsonl").read_text().splitlines()]
-    assert rows[0]["kind"] == "meta" and rows[-1]["kind"] == "result"
-    assert {r["kind"] for r in rows} == {"meta", "round", "container", "result"}
 
 
 def test_compare_and_list_json(capsys):
