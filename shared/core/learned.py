@@ -595,9 +595,9 @@ class LearnedPolicy(PolicyBase):
                 continue
             top = min(best_limit[k], plans[k].limit + budget)
             gain = value(k, top) - value(k, plans[k].limit)
-            # Hysteresis: a new holder must be worth clearly more than the split; the holder, no less.
+            # Hysteresis: a new holder must be worth clearly more than the split; last round's holder
+            # keeps it while it is worth no less, and before any other.
             if gain > spread + (1e-9 if k == self.chance else CHANCE_MARGIN):
-                # Last round's holder keeps the chance while it is still worth more than the split.
                 key = (k == self.chance, gain)
                 if best is None or key > best[0]:
                     best = (key, k, top)
