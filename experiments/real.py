@@ -43,8 +43,9 @@ from shared import auth, subjects
 from shared.bus import Bus, BusError
 from shared.core import registry
 from shared.core.measures import plateau
+from shared.core.policy import BaseParams
 from shared.core.profiles import BUILTIN_PROFILES, ModelProfile
-from shared.core.types import Cls
+from shared.core.types import is_met, is_satisfied
 from shared.natsd import NatsServer
 from shared.runtime import cgroupfs
 from shared.scenarios.spec import (
@@ -248,7 +249,8 @@ class RealRun:
             row = {"t_s": round(ns.at - self.t0, 2), "satisfied": ns.satisfied, "round": ns.round,
                    "containers": {c.container.removeprefix(self.prefix + "-"): {
                        "cls": c.cls.value if c.cls else None, "latency_s": c.latency_s, "limit": c.limit,
-                       "cpu_share": c.cpu_share, "objective_s": c.objective_s} for c in ns.containers}}
+                       "cpu_share": c.cpu_share, "objective_s": c.objective_s, "alpha": c.alpha}
+                       for c in ns.containers}}
             self.states.append(row)
 
         await bus.subscribe(subjects.state(self.node), on_state, expect=NodeState)
@@ -310,12 +312,31 @@ class RealRun:
             self.nats = None
 
 
-def summarize_real(run: RealRun, duration_s: float) -> dict[str, Any]:
+DEFAULT_ALPHA = BaseParams().alpha
+"""The band of a recorded state that does not name one (every policy's default)."""
+
+
+def latest_counts(state: dict[str, Any], alpha: float) -> tuple[int, int]:
+    """(met, in band) of one recorded node state, from each container's latest batch.
+
+    The worker's classes and `satisfied` are those of its last round; a policy that runs a round
+    every minute or two (the learned allocator, once settled) would be counted on old news, while
+    every state carries each container's latest batch latency (what a client counts)."""
+    met = in_band = 0
+    for v in state["containers"].values():
+        objective, latency = v.get("objective_s"), v.get("latency_s")
+        a = v.get("alpha") or alpha
+        met += is_met(objective, latency, a)
+        in_band += is_satisfied(objective, latency, a)
+    return met, in_band
+
+
+def summarize_real(run: RealRun, duration_s: float, alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:
     window = min(120.0, duration_s / 10)
     start = duration_s - window
-    series = [(s["t_s"], s["satisfied"]) for s in run.states]
-    meets = [(s["t_s"], sum(1 for v in s["containers"].values() if v["cls"] in (Cls.S.value, Cls.G.value)))
-             for s in run.states]
+    counts = [(s["t_s"], *latest_counts(s, alpha)) for s in run.states]
+    series = [(t, band) for t, _, band in counts]
+    meets = [(t, met) for t, met, _ in counts]
     last = run.states[-1]["containers"] if run.states else {}
     final_cpu = {}
     for c in run.specs:

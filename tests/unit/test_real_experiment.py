@@ -61,3 +61,22 @@ def test_real_experiment_renders_a_summary(tmp_path, capsys):
     # Met first, then in band; a record from before met had its name ("meets_final") reads the same.
     assert "| dqoes | 2 | 1 | 1.00 |" in text
     ET.fromstring((tmp_path / "r.svg").read_text())
+
+
+def test_real_counts_come_from_each_samples_latest_batch_not_the_last_round():
+    # The worker's class for c1 is from its last round (late then); its latest batch is in band now.
+    state = {"t_s": 10.0, "satisfied": 0, "round": 3, "containers": {
+        "c1": {"cls": "B", "latency_s": 1.0, "objective_s": 1.0, "limit": 0.5, "cpu_share": 0.5},
+        "c2": {"cls": "S", "latency_s": 0.5, "objective_s": 1.0, "limit": 0.5, "cpu_share": 0.5, "alpha": 0.2},
+        "c3": {"cls": None, "latency_s": None, "objective_s": 2.0, "limit": None, "cpu_share": None},
+        "c4": {"cls": "S", "latency_s": 2.5, "objective_s": 2.0, "limit": 0.1, "cpu_share": 0.1}}}
+    assert realexp.latest_counts(state, 0.1) == (2, 1)  # c1 met and in band, c2 met (faster), c4 late
+
+    class Run:
+        policy = "learned"
+        specs = ()
+        cpu_samples: list = []
+        states = [dict(state, t_s=float(t)) for t in range(0, 100, 2)]
+
+    s = realexp.summarize_real(Run(), 100.0)
+    assert (s["met_final"], s["satisfied_final"]) == (2, 1)
