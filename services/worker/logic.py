@@ -23,7 +23,7 @@ from services.worker.training import TrainingSide, is_training
 from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController
-from shared.core.types import Cls, Decision
+from shared.core.types import Cls, Decision, classify
 from shared.ratelog import RateLimitedLog
 from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
 from shared.schema import (
@@ -389,25 +389,32 @@ class Worker:
         sums = {Cls.G: 0.0, Cls.S: 0.0, Cls.B: 0.0}
         stale = self.stale_containers()
         for t in self.ctrl.containers.values():
+            # Class and slack from the latest batch, not the last round: a policy that runs a round
+            # every minute or two would otherwise report old news between rounds.
+            latest = t.new_latency_s or t.last_latency_s
+            cls, slack = t.cls, t.slack_s
+            if t.managed and latest is not None and t.objective_s is not None:
+                alpha = policy.alpha if t.alpha is None else t.alpha
+                cls, slack = classify(t.objective_s, latest, alpha), t.objective_s - latest
             if t.managed:
                 # A stale container is reported pending: not met, not in band (its class is from old news).
-                members["pending" if t.name in stale or not t.cls else t.cls.value].append(t.name)
-                if t.cls is not None and t.slack_s is not None and t.name not in stale:
-                    sums[t.cls] += t.slack_s
+                members["pending" if t.name in stale or not cls else cls.value].append(t.name)
+                if cls is not None and slack is not None and t.name not in stale:
+                    sums[cls] += slack
             used = None if t.cpu_share is None else t.cpu_share * cores
             used_total += used or 0.0
             met = None
-            if t.managed and t.cls is not None:
-                met = t.cls in (Cls.G, Cls.S) and t.name not in stale
+            if t.managed and cls is not None:
+                met = cls in (Cls.G, Cls.S) and t.name not in stale
             states.append(
                 ContainerState(
                     container=t.name,
                     model=self.models.get(t.name),
                     objective_s=t.objective_s,
                     alpha=t.alpha,
-                    latency_s=t.new_latency_s or t.last_latency_s,
-                    cls=t.cls if t.managed else None,
-                    slack_s=t.slack_s if t.managed else None,
+                    latency_s=latest,
+                    cls=cls if t.managed else None,
+                    slack_s=slack if t.managed else None,
                     limit=t.limit,
                     cpu_share=t.cpu_share,
                     managed=t.managed,

@@ -68,3 +68,27 @@ def test_a_container_that_stops_publishing_is_stale_keeps_its_limit_and_is_not_m
         assert w.ctrl.containers["c1"].limit == 0.5
     finally:
         h.close()
+
+
+def test_the_published_state_classes_each_container_by_its_latest_batch_not_the_last_round():
+    # A round classed c2 in band; its next batch is late. Until the next round (the learned allocator
+    # may wait two minutes) the state must say late: met and in band are a client's latest batch.
+    from shared.core.types import Cls
+
+    h = Harness()
+    try:
+        w = h.worker
+        now = time.time()
+        w.on_latency(LatencyEvent(container="c2", node="n1", latency_s=2.9, images=1, batch=0, finished_at=now))
+        t = w.ctrl.containers["c2"]
+        t.cls, t.slack_s = Cls.S, t.objective_s - 2.9
+        objective = t.objective_s
+        w.on_latency(LatencyEvent(container="c2", node="n1", latency_s=objective * 1.5, images=1, batch=1,
+                                  finished_at=now + 1))
+        assert t.cls is Cls.S  # no round since
+        ns = w.node_state()
+        row = {c.container: c for c in ns.containers}["c2"]
+        assert row.cls is Cls.B and row.met is False and row.slack_s == -0.5 * objective
+        assert "c2" in ns.members["B"] and "c2" not in ns.members["S"]
+    finally:
+        h.close()
