@@ -38,7 +38,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.common import ExperimentError, update_section
+from experiments.common import ExperimentError, busy_cores_s, update_section
 from shared import auth, subjects
 from shared.bus import Bus, BusError
 from shared.core import registry
@@ -67,14 +67,6 @@ FACTORS = (0.8, 3.0, 1.6, 5.0, 2.2, 8.0)
 """Objective = fastest-alone latency x factor, cycled over the containers: the first is
 unachievable even alone; whether the others fit together on the node is the policies' business."""
 ALPHA = 0.10
-
-
-def busy_cores_s() -> float:
-    """CPU-seconds the whole machine has been busy (all processes, /proc/stat), to tell our load from others'."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    ticks = [int(x) for x in fields]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def _log(msg: str) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from experiments.common import ExperimentError, update_section
+from experiments.common import ExperimentError, busy_cores_s, update_section
 from shared import subjects
 from shared.bus import Bus
 from shared.natsd import NatsServer
@@ -76,13 +76,6 @@ def parse_jobs(text: str) -> list[tuple[str, float, int]]:
     if len(out) < 1:
         raise ExperimentError("--jobs: at least one job")
     return out
-
-
-def busy_cores_s() -> float:
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    ticks = [int(x) for x in fields]
-    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 class Stack:

@@ -58,7 +58,7 @@ from typing import IO, Any
 
 from experiments import common
 from experiments.calibrate import ARCHITECTURE, NATIVE_PX, REPO, parse_models
-from experiments.common import ExperimentError, update_section
+from experiments.common import ExperimentError, busy_cores_s, update_section
 from shared.runtime import cgroupfs
 
 BEGIN = "<!-- BEGIN generated: dqoes experiment weights -->"
@@ -266,13 +266,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _busy_s() -> float:
-    """CPU-seconds every CPU of the machine spent busy since boot (/proc/stat)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(x) for x in fields[:8])
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
 @dataclass(frozen=True, slots=True)
 class _Snapshot:
     mono_s: float
@@ -283,7 +276,7 @@ class _Snapshot:
 
 
 def _snapshot(members: Sequence[_Member]) -> _Snapshot:
-    return _Snapshot(time.monotonic(), time.time(), _busy_s(), {m.name: cgroupfs.usage_s(m.group) for m in members},
+    return _Snapshot(time.monotonic(), time.time(), busy_cores_s(), {m.name: cgroupfs.usage_s(m.group) for m in members},
                      {m.name: cgroupfs.throttling(m.group) for m in members})
 
 
