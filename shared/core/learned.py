@@ -549,9 +549,9 @@ class LearnedPolicy(PolicyBase):
                 plans[name] = _Plan(plans[name].limit + give, "in band", plans[name].need)
                 budget -= give
         if p.expected_aim >= 0.5 and budget > 1e-9:
-            budget = self._one_more_chance(views, plans, best_effort, best_limit, cores, floor, budget)
+            budget = self._one_more_chance(views, plans, best_effort, best_limit, cores, budget)
         # Then an equal part to each container that cannot be met, up to its fair share.
-        limit_each = max(floor, min(cap, p.best_effort_share / max(1, n)))
+        limit_each = self._fair_share(n)
         want = {}
         for name in best_effort:
             curve = self.curves[name]
@@ -571,8 +571,13 @@ class LearnedPolicy(PolicyBase):
                     del want[name]
         return plans
 
+    def _fair_share(self, n: int) -> float:
+        """The most a container that cannot be met gets from an equal split (never below the floor)."""
+        p = self.params
+        return max(floor_limit(n), min(p.total_resource, p.best_effort_share / max(1, n)))
+
     def _one_more_chance(self, views: Sequence[ContainerView], plans: dict[str, _Plan], best_effort: list[str],
-                         best_limit: dict[str, float], cores: float, floor: float, budget: float) -> float:
+                         best_limit: dict[str, float], cores: float, budget: float) -> float:
         """What is left to one container left out for room, where that is worth more than the fair split.
 
         A container met alone but left out gets nothing from an equal split that reaches its band; all
@@ -581,7 +586,7 @@ class LearnedPolicy(PolicyBase):
         lifts furthest. Returns the budget left."""
         by_name = {v.name: v for v in views}
         n = len(views)
-        limit_each = max(floor, min(self.params.total_resource, self.params.best_effort_share / max(1, n)))
+        limit_each = self._fair_share(n)
         split = budget / max(1, len(best_effort))
 
         def value(name: str, limit: float) -> float:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from shared.core.allocate import Choice, choose
 from shared.core.classification import classify_views
 from shared.core.dqoes import floor_limit
-from shared.core.measures import lower_median_count
+from shared.core.measures import lower_median_count, normal_cdf
 from shared.core.policy import (
     BaseParams,
     CurveLookup,
@@ -262,7 +262,7 @@ def latency_cdf(p: ModelProfile, limit: float, node_cores: float, latency_s: flo
         return 1.0
     if sigma <= 0:
         return 1.0 if cpu_part <= room * (1 + _SLACK) else 0.0
-    return 0.5 * math.erfc(-math.log(room / cpu_part) / (sigma * math.sqrt(2.0)))
+    return normal_cdf(math.log(room / cpu_part) / sigma)
 
 
 @dataclass(frozen=True, slots=True)
