@@ -169,6 +169,8 @@ class Bus:
         self._kv_watches: set[KVWatch] = set()
         self._pumps: set[asyncio.Task[None]] = set()
         self._last_error: BaseException | None = None
+        self._refused: BaseException | None = None
+        """The server's refusal (authorization) if one came while connecting: the cause of what follows."""
         self.permission_violations: deque[str] = deque(maxlen=100)
         """The server's refusals of this identity's publishes and subscriptions (newest last)."""
 
@@ -215,7 +217,8 @@ class Bus:
         except (TimeoutError, OSError, nats.errors.Error) as e:
             bus._closing = True
             await _close_quietly(nc)
-            last = bus._last_error or e
+            # nats-py retries until the timeout; a refusal is the cause, a reset on a retry only its echo.
+            last = bus._refused or bus._last_error or e
             raise BusError(
                 f"cannot connect to NATS at {bus.url} within {connect_timeout_s:g} s "
                 f"(last error: {_one_line(last)})"
@@ -225,6 +228,8 @@ class Bus:
 
     async def _on_error(self, e: Exception) -> None:
         self._last_error = e
+        if "authorization" in str(e).lower():
+            self._refused = e
         if "permissions violation" in str(e).lower():
             self.permission_violations.append(_one_line(e))
         if self._closing or not self._nc.is_connected or isinstance(e, _CONNECTION_LOST):
