@@ -11,12 +11,14 @@ whose work per batch is off by +-30 % per model.
 Goals for the learned allocator without a prior (issue "An allocator that
 meets the objectives DQoES leaves unmet"): met >= 0.97 x the oracle, in band
 >= 0.95 x the oracle, settled within 3 rounds of a change, fewer limit
-changes and no more CPU than DQoES. "The oracle" is printed three ways: its
-noise-free bound (the most any steady allocation could keep met / in band if
-batches had no noise), the oracle under noise (the expected counts of the
-allocation, knowing every curve and the noise, with the most expected met +
-in band: docs/algorithms.md, "The ceiling under noise"), and what the oracle
-policy itself achieves in the same noisy runs.
+changes and no more CPU than DQoES. "The oracle" is printed three ways. First
+(the headline) what the oracle policy achieves in the same noisy runs, counted
+as every run is: it knows every curve and the noise and sets the allocation
+with the most expected met + in band (docs/algorithms.md, "The oracle under
+noise"). Then the same allocation's counts worked out rather than run (the
+lower median per node of its Poisson-binomial count), and its noise-free bound
+(the most any steady allocation could keep met / in band if batches had no
+noise).
 
 Writes bench/out/policies.json; `--update FILE` also writes the tables into
 the generated section of a Markdown file (docs/results.md).
@@ -70,22 +72,22 @@ def run() -> dict[str, Any]:
         ratio_met = learned["met_mean"] / oracle["met_mean"] if oracle["met_mean"] else None
         ratio_band = learned["in_band_mean"] / oracle["in_band_mean"] if oracle["in_band_mean"] else None
         figures = {
+            "learned_met_to_oracle_policy": report(f"{name}: learned met / oracle policy (same runs)",
+                                                   ratio_met or 0.0, "x", goal=0.97, lower_is_better=False),
+            "learned_in_band_to_oracle_policy": report(f"{name}: learned in band / oracle policy (same runs)",
+                                                       ratio_band or 0.0, "x", goal=0.95, lower_is_better=False),
             "learned_met_to_oracle_bound": report(f"{name}: learned met / oracle bound",
                                                   learned["met_to_oracle"] or 0.0, "x", goal=0.97,
                                                   lower_is_better=False),
             "learned_in_band_to_oracle_bound": report(f"{name}: learned in band / oracle bound",
                                                       learned["in_band_to_oracle"] or 0.0, "x", goal=0.95,
                                                       lower_is_better=False),
-            "learned_met_to_noise_oracle": report(f"{name}: learned met / oracle under noise",
+            "learned_met_to_noise_oracle": report(f"{name}: learned met / oracle under noise, worked out",
                                                   learned["met_to_noise_oracle"] or 0.0, "x", goal=0.97,
                                                   lower_is_better=False),
-            "learned_in_band_to_noise_oracle": report(f"{name}: learned in band / oracle under noise",
+            "learned_in_band_to_noise_oracle": report(f"{name}: learned in band / oracle under noise, worked out",
                                                       learned["in_band_to_noise_oracle"] or 0.0, "x", goal=0.95,
                                                       lower_is_better=False),
-            "learned_met_to_oracle_policy": report(f"{name}: learned met / oracle policy's met",
-                                                   ratio_met or 0.0, "x", goal=0.97, lower_is_better=False),
-            "learned_in_band_to_oracle_policy": report(f"{name}: learned in band / oracle policy's in band",
-                                                       ratio_band or 0.0, "x", goal=0.95, lower_is_better=False),
             "learned_container_settle_rounds": report(
                 f"{name}: learned, rounds moving a container's limit after its change (mean)",
                 learned["container_settle_mean"], "rounds", goal=3.0),
@@ -128,14 +130,14 @@ def markdown(res: dict[str, Any]) -> str:
         lines.append(policies.table(v["summary"]))
         lines.append("")
         o = v["summary"]["oracle"]
-        lines.append(f"The oracle policy itself, in the same noisy runs: met {o['met_mean']:.1f}, in band "
-                     f"{o['in_band_mean']:.1f} (its noise-free bound: {o['oracle_met_mean']:.1f} / "
-                     f"{o['oracle_in_band_mean']:.1f}). The oracle under noise (knowing every curve and the "
-                     f"noise, the allocation with the most expected met + in band): met "
+        lines.append(f"The oracle policy (it knows every curve and the noise, and sets the allocation with the "
+                     f"most expected met + in band), in the same noisy runs: met {o['met_mean']:.1f}, in band "
+                     f"{o['in_band_mean']:.1f}. The same allocation worked out rather than run: met "
                      f"{o['noise_oracle_met_median_mean']:.1f}, in band {o['noise_oracle_in_band_median_mean']:.1f} "
-                     f"as a run counts them (lower median per node), {o['noise_oracle_met_mean']:.1f} / "
+                     f"(lower median per node), {o['noise_oracle_met_mean']:.1f} / "
                      f"{o['noise_oracle_in_band_mean']:.1f} expected; no allocation can expect more than "
-                     f"{o['ceiling_met_mean']:.1f} met or {o['ceiling_in_band_mean']:.1f} in band (each alone).")
+                     f"{o['ceiling_met_mean']:.1f} met or {o['ceiling_in_band_mean']:.1f} in band (each alone). "
+                     f"The noise-free bound: {o['oracle_met_mean']:.1f} / {o['oracle_in_band_mean']:.1f}.")
         lines.append("")
     lines.append(END)
     return "\n".join(lines)

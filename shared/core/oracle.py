@@ -185,10 +185,16 @@ def plan_node(
 class OracleParams(BaseParams):
     total_resource: float = 1.0
     """T_R, the cap on any one limit, as a fraction of the node (as DQoES's)."""
+    noise_aware: float = 1.0
+    """1: where the batches' noise is known too (the simulator), set the allocation with the most
+    expected met + in band (expected_plan below); 0: the noise-free plan."""
 
     def __post_init__(self) -> None:
         BaseParams.__post_init__(self)
         check_total_resource(self.total_resource)
+        v = self.noise_aware
+        if isinstance(v, bool) or not isinstance(v, int | float) or not (0.0 <= v <= 1.0):
+            raise ValueError(f"noise_aware must be a number in [0, 1], got {v!r}")
 
 
 class OraclePolicy(PolicyBase):
@@ -196,9 +202,13 @@ class OraclePolicy(PolicyBase):
 
     name = "oracle"
 
-    def __init__(self, params: OracleParams | None = None, curve_of: CurveLookup = no_curves) -> None:
+    def __init__(self, params: OracleParams | None = None, curve_of: CurveLookup = no_curves,
+                 noise_sd: float = 0.0) -> None:
         self.params = params or OracleParams()
         self.curve_of = curve_of
+        self.noise_sd = noise_sd
+        self._expected: tuple[tuple, Expected] | None = None
+        """The last plan under noise and what it was solved for (it changes only on events)."""
 
     def decide(self, view: NodeView) -> Decision:
         cl = classify_views(view.containers)
@@ -208,10 +218,19 @@ class OraclePolicy(PolicyBase):
             if curve is not None:
                 items.append(OracleItem(c.name, c.objective_s, c.alpha, curve))
         plan = plan_node(items, view.cores, self.params.total_resource)
+        under_noise = self.params.noise_aware >= 0.5 and self.noise_sd > 0
+        if under_noise:
+            key = (tuple(items), view.cores, self.noise_sd, self.params.total_resource)
+            if self._expected is None or self._expected[0] != key:
+                self._expected = (key, expected_plan(items, view.cores, self.noise_sd, self.params.total_resource))
+            limits = self._expected[1].limits
         ups = {}
         for c in view.containers:
             if c.name not in plan.limits:
                 ups[c.name] = (c.limit, "no latency curve known")
+                continue
+            if under_noise:
+                ups[c.name] = (limits[c.name], "oracle: most expected met + in band under noise")
                 continue
             why = (
                 "oracle: in band"
@@ -234,7 +253,7 @@ SPEC = PolicySpec(
     label="oracle",
     summary="the ceiling: knows every container's latency curve and sets the count-maximising limits",
     params_type=OracleParams,
-    factory=lambda params, context: OraclePolicy(params, context.curve_of),
+    factory=lambda params, context: OraclePolicy(params, context.curve_of, context.noise_sd),
     needs_curves=True,
 )
 

@@ -98,10 +98,12 @@ class PolicyContext:
     `curve_of` looks up a container's latency curve: the simulator and the
     simulated runtime know every one (that knowledge is what makes the oracle
     an oracle); on real runtimes it is a calibrated profile, when the operator
-    gives one, or nothing.
+    gives one, or nothing. `noise_sd` is the spread (log sd) of each batch's
+    work where it is known, in the simulator; 0 elsewhere.
     """
 
     curve_of: CurveLookup = no_curves
+    noise_sd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

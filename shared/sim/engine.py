@@ -33,7 +33,8 @@ from shared.sim.physics import SimNode
 
 
 def policy_context(scenario: Scenario, work_factor: Callable[[str], float] | None = None) -> PolicyContext:
-    """What the simulator can tell a policy: every container's true latency curve, drift included."""
+    """What the simulator can tell a policy: every container's true latency curve, drift included,
+    and the noise of its batches."""
     specs = {c.name: c for c in scenario.containers}
 
     def curve_of(name: str) -> ModelProfile | None:
@@ -44,7 +45,7 @@ def policy_context(scenario: Scenario, work_factor: Callable[[str], float] | Non
         f = 1.0 if work_factor is None else work_factor(name)
         return p if f == 1.0 else dataclasses.replace(p, work_cpu_s=p.work_cpu_s * f)
 
-    return PolicyContext(curve_of)
+    return PolicyContext(curve_of, scenario.noise_sigma)
 
 
 def make_policy(name: str, scenario: Scenario, context: PolicyContext | None = None) -> Policy:
@@ -75,7 +76,9 @@ class SimResult:
     containers: int
     nodes: int
     satisfied_final: int
-    """Plateau: the lower median of |S| over the final window, summed over nodes."""
+    """Plateau: the lower median of |S| over the final window, summed over nodes. |S| at an instant
+    counts every container's latest batch then, whenever the policy last ran a round: a client
+    sees its latest batch, and a policy that rounds rarely is not counted on old news."""
     satisfied_per_node: dict[str, int]
     satisfied_at_end: int
     """|S| at the very end: containers whose latest batch is inside the band."""
@@ -217,7 +220,6 @@ def simulate(
     timeline: list[dict[str, Any]] = []
     series: list[tuple[float, int]] = []
     node_satisfied = {n: 0 for n in nodes}
-    node_series: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
 
     # (time, order, kind, name): order keeps finishes before submits at one instant.
     heap: list[tuple[float, int, str, str]] = []
@@ -260,18 +262,30 @@ def simulate(
         )
 
     node_met = {n: 0 for n in nodes}
-    node_met_series: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
     met_series: list[tuple[float, int]] = []
+    # What a client sees: each node's count over its containers' latest batches, at every batch.
+    seen_series: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
+    seen_met_series: dict[str, list[tuple[float, int]]] = {n: [] for n in nodes}
+
+    def recount(node: str, t: float) -> None:
+        ok = met = 0
+        for cname in nodes[node].containers:
+            objective = objective_now[cname]
+            alpha = specs[cname].alpha if specs[cname].alpha is not None else scenario.controller.alpha
+            ok += is_satisfied(objective, latest.get(cname), alpha)
+            met += is_met(objective, latest.get(cname), alpha)
+        for ser, value in ((seen_series[node], ok), (seen_met_series[node], met)):
+            if not ser or ser[-1][1] != value:
+                ser.append((t, value))
+
     round_log: dict[str, list[tuple[float, float]]] = {n: [] for n in nodes}
     counters = {"changes": 0, "container_rounds": 0}
 
     def record_round(d: Decision, t: float) -> None:
         node_satisfied[d.node] = d.satisfied
-        node_series[d.node].append((t, d.satisfied))
         total = sum(node_satisfied.values())
         series.append((t, total))
         node_met[d.node] = d.met
-        node_met_series[d.node].append((t, d.met))
         met_series.append((t, sum(node_met.values())))
         counters["container_rounds"] += len(d.containers)
         moved = 0.0
@@ -317,10 +331,13 @@ def simulate(
         )
         t = min(t_evt, t_node, t_round, end)
         for name, node in nodes.items():
-            for b in node.advance(t):
+            done = node.advance(t)
+            for b in done:
                 ctrls[name].record_latency(b.container, b.latency_s, t, b.cpu_s)
                 latest[b.container] = b.latency_s
                 batches[b.container] = batches.get(b.container, 0) + 1
+            if done:
+                recount(name, t)
         while heap and heap[0][0] <= t:
             _, _, kind, cname = heapq.heappop(heap)
             if kind == "window":
@@ -344,6 +361,7 @@ def simulate(
                 if ch.objective_s is not None:
                     objective_now[cname] = ch.objective_s
                     ctrls[where].set_objective(cname, ch.objective_s, t, spec.alpha)
+                recount(where, t)
                 continue
             if kind == "submit":
                 where = placement[cname]
@@ -355,6 +373,7 @@ def simulate(
                 )
                 ctrls[where].add(cname, t, cpu_total_s=0.0, objective_s=spec.objective_s,
                                  alpha=spec.alpha, limit=limit)
+                recount(where, t)
             else:
                 where = placed[cname]
                 if t > window_at and spec.objective_s is not None:
@@ -364,9 +383,9 @@ def simulate(
                 nodes[where].remove(cname, t)
                 ctrls[where].remove(cname, t)
                 latest.pop(cname, None)
+                recount(where, t)
                 if not ctrls[where].managed:
                     node_satisfied[where] = 0
-                    node_series[where].append((t, 0))
         for name, ctrl in ctrls.items():
             if ctrl.managed and ctrl.due(t):
                 d = ctrl.run_round(t, nodes[name].cpu_totals())
@@ -429,8 +448,8 @@ def simulate(
     if progress is not None:
         progress(1.0)
     conv, conv_at = converged(series)
-    per_node = {n: plateau(node_series[n], window_at, end) for n in nodes}
-    met_per_node = {n: plateau(node_met_series[n], window_at, end) for n in nodes}
+    per_node = {n: plateau(seen_series[n], window_at, end) for n in nodes}
+    met_per_node = {n: plateau(seen_met_series[n], window_at, end) for n in nodes}
     settles = [rounds_to_settle(round_log[n], last_event_s) for n in nodes if round_log[n]]
     settle = {
         "after_s": round(last_event_s, 3),
