@@ -74,8 +74,6 @@ K_RANGE = (0.3, 3.0)
 NOISE_PRIOR = 0.05
 """Prior standard deviation of log latency between batches (weight NOISE_PSEUDO batches)."""
 NOISE_PSEUDO = 2.0
-NOISE_SMOOTHING = 1.0 / 32
-"""Weight of a new batch in the slow noise estimate targets use (a stable margin, no chasing)."""
 OUTLIER_SD = 3.0
 """A batch further than this many standard deviations from the curve is suspect."""
 WARMUP_WEIGHT = 0.3
@@ -167,19 +165,15 @@ class Curve:
     """When the latest clean batch finished (verifies the latest change once after it)."""
     expect_at_s: float | None = None
     """When the next batch that tells something about the limit set last is due."""
-    noise2: float | None = None
-    """Slow running mean of squared residuals: the batch-to-batch noise targets allow for."""
     expected: tuple[float, float] | None = None
     """(mean log latency, tolerance) the curve gives at the limit set last: batches beyond it are strikes."""
     strikes: int = 0
 
     @property
     def noise(self) -> float:
-        """The batch-to-batch noise (sd of log latency), smoothed over many batches."""
+        """The batch-to-batch noise (sd of log latency): the fit's own, over its decayed window."""
         f = self.solve()
-        if self.noise2 is None:
-            return f[5] if f is not None else NOISE_PRIOR
-        return math.sqrt(self.noise2)
+        return f[5] if f is not None else NOISE_PRIOR
 
     def add(self, x: float, y: float, w: float, decay: float) -> None:
         self.sw = self.sw * decay + w
@@ -359,9 +353,6 @@ class LearnedPolicy(PolicyBase):
                     w *= OUTLIER_SD * sd / abs(resid)  # one odd batch counts little
                 else:
                     curve.suspects.clear()
-                    # What the fit does not know yet is not batch-to-batch noise.
-                    r2 = max(0.0, resid * resid - pred[1] ** 2)
-                    curve.noise2 = r2 if curve.noise2 is None else curve.noise2 + NOISE_SMOOTHING * (r2 - curve.noise2)
             curve.add(x, y, w, decay)
 
     @staticmethod

@@ -229,17 +229,21 @@ def test_a_container_left_out_for_room_gets_what_is_left_when_that_gives_it_a_ch
     # a little more with a margin for the noise, so two fit with margins and the third does not; c3
     # cannot be met at all. An equal split of what is left between c3 and the third leaves the third
     # late every batch; all of it brings the third to its slow edge, met about every other batch.
-    def met_fractions(aim: float) -> list[float]:
+    # Three seeds: how the noise falls decides how much of the margin the two keep.
+    def met_fractions(aim: float, seed: int) -> list[float]:
         sc = scenario([{"name": "c0", "objective_s": 16.6}, {"name": "c1", "objective_s": 16.6},
                        {"name": "c2", "objective_s": 16.6}, {"name": "c3", "objective_s": 1.0}],
                       cores=2.0, noise=0.05, duration_s=1500.0, expected_aim=aim)
-        res = run(sc)
+        res = run(sc, seed)
         return [_fraction(res, f"c{i}", 600.0, 16.6, lambda ob, lat: lat <= 1.1 * ob) for i in range(3)]
 
-    chance, split = met_fractions(1.0), met_fractions(0.0)
-    assert sorted(split) == pytest.approx([0.0, 1.0, 1.0], abs=0.05), split
-    assert sum(chance) > sum(split) + 0.2, (chance, split)
-    assert min(chance) > 0.3, chance
+    chance = [met_fractions(1.0, seed) for seed in (1, 2, 3)]
+    split = [met_fractions(0.0, seed) for seed in (1, 2, 3)]
+    for one in split:
+        assert min(one) <= 0.05 and sum(one) >= 1.9, split  # the third is late every batch
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert mean([sum(x) for x in chance]) > mean([sum(x) for x in split]) + 0.1, (chance, split)
+    assert mean([min(x) for x in chance]) > 0.25, chance
 
 
 def test_the_aim_is_a_parameter_like_the_others():
@@ -248,3 +252,40 @@ def test_the_aim_is_a_parameter_like_the_others():
     assert LearnedParams().expected_aim == 1.0
     with pytest.raises(ValueError, match="expected_aim must be a number in"):
         LearnedParams(expected_aim=2.0)
+
+
+def test_the_noise_it_allows_for_is_the_noise_there_is_after_a_dozen_batches():
+    # Long batches (about two minutes each, a dozen a run) spread by sigma 0.12 (log sd): the
+    # margin each container is aimed with must be about that, not what a few lucky first
+    # batches suggested (an earlier estimate stayed at half of it).
+    sigma = 0.12
+    made: list[LearnedPolicy] = []
+    from shared.sim import engine
+
+    orig = engine.make_policy
+
+    def spy(name, scenario_, context=None):
+        p = orig(name, scenario_, context)
+        made.append(p)
+        return p
+
+    ratios = []
+    engine.make_policy = spy
+    try:
+        for seed in range(1, 6):
+            made.clear()
+            sc = parse_scenario({
+                "name": "long-batches", "duration_s": 1500.0, "noise_sigma": sigma,
+                "nodes": [{"name": "n1", "cores": 4.0}], "models": [{"name": "m", "work_cpu_s": 120.0, "threads": 4}],
+                "containers": [{"name": f"c{i}", "model": "m", "objective_s": o}
+                               for i, o in enumerate((100.0, 120.0, 140.0, 160.0))],
+            })
+            simulate(sc, "learned", seed)
+            (policy,) = made
+            for curve in policy.curves.values():
+                assert 5 <= curve.n <= 20
+                ratios.append(curve.noise / sigma)
+    finally:
+        engine.make_policy = orig
+    assert len(ratios) == 20
+    assert 0.7 <= sum(ratios) / len(ratios) <= 1.2, ratios
