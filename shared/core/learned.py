@@ -408,7 +408,7 @@ class LearnedPolicy(PolicyBase):
                         # Nor one that adds little to its chances: the value is flat near its best.
                         curve = self.curves[v.name]
                         gain = sum(_chances(curve, v, new * cores)) - sum(_chances(curve, v, old * cores))
-                        keep = new > old and gain < VALUE_DEAD_BAND
+                        keep = gain < VALUE_DEAD_BAND
                 else:  # cannot be met: a share, not a target
                     keep = abs(new - old) <= BEST_EFFORT_DEAD_BAND * max(old, new)
                 if keep:
@@ -419,9 +419,21 @@ class LearnedPolicy(PolicyBase):
                         # An uncertain fit moves a limit only so far a round.
                         new = min(max(new, old / MAX_STEP_UNCERTAIN), old * MAX_STEP_UNCERTAIN)
             proposal[v.name] = new
-        # Staying put must not overcommit the node: the largest overshoots give way first,
-        # then (only if the node is still overcommitted) the largest limits, down to the floor.
+        # Staying put must not overcommit the node. What is left was split as if every container
+        # moved to its plan; those kept where they are hold some of it, so the best-effort rises
+        # it paid for give way first (no one moves for it), then the largest overshoots, then (only
+        # if the node is still overcommitted) the largest limits, down to the floor.
         excess = sum(proposal.values()) - 1.0
+        olds = {v.name: v.limit for v in view.containers}
+        rises = [(proposal[n] - olds[n], n) for n in proposal
+                 if plans[n].kind in ("no room", "unachievable") and olds[n] is not None and proposal[n] > olds[n]
+                 and n != self.chance]
+        for rise, name in sorted(rises, reverse=True):
+            if excess <= 1e-9:
+                break
+            back = min(rise, excess)
+            proposal[name] -= back
+            excess -= back
         for over, name in sorted(((proposal[n] - plans[n].limit, n) for n in proposal), reverse=True):
             if excess <= 1e-9 or over <= 0:
                 break

@@ -289,3 +289,64 @@ def test_the_noise_it_allows_for_is_the_noise_there_is_after_a_dozen_batches():
         engine.make_policy = orig
     assert len(ratios) == 20
     assert 0.7 <= sum(ratios) / len(ratios) <= 1.2, ratios
+
+
+class _FixedPlans(LearnedPolicy):
+    """The learned allocator's arbitration (dead bands, capacity) on plans given outright."""
+
+    def __init__(self, plans) -> None:
+        super().__init__()
+        self.fixed = plans
+
+    def _solve(self, views, cores):
+        return dict(self.fixed)
+
+
+def _views(limits: dict[str, float], objective_s: float = 10.0):
+    from shared.core.types import ContainerView
+
+    return tuple(ContainerView(name=n, objective_s=objective_s, alpha=0.1, latency_s=None, last_latency_s=None,
+                               cpu_share=None, limit=lim, batches=()) for n, lim in limits.items())
+
+
+def _decide(policy: LearnedPolicy, limits: dict[str, float], objective_s: float = 10.0) -> dict[str, float]:
+    from shared.core.types import NodeView
+
+    d = policy.decide(NodeView(node="n1", cores=4.0, now_s=100.0, containers=_views(limits, objective_s)))
+    return {c.name: c.new_limit for c in d.containers}
+
+
+def test_rises_of_the_best_effort_give_way_before_a_kept_limit_is_cut():
+    # Four containers, floor 1/8. "t" is faster than its band even at the floor and keeps its limit
+    # (up to 1.5 floors: no trimming); "u" cannot be met and its share rises from 0.15 to 0.25. The
+    # plans sum to the node, so what "t" keeps over its plan comes out of that rise: "t" does not move.
+    from shared.core.learned import _Plan
+
+    plans = {"t": _Plan(0.125, "too fast"), "u": _Plan(0.25, "unachievable"),
+             "a": _Plan(0.3, "unachievable"), "b": _Plan(0.325, "unachievable")}
+    new = _decide(_FixedPlans(plans), {"t": 0.18, "u": 0.15, "a": 0.3, "b": 0.325})
+    assert new["t"] == 0.18
+    assert new["u"] == pytest.approx(0.25 - 0.055)
+    assert (new["a"], new["b"]) == (0.3, 0.325)
+    assert sum(new.values()) <= 1.0 + 1e-9
+
+
+def test_a_container_in_band_is_not_trimmed_for_a_chance_it_barely_gains():
+    # A curve known from many batches (10 CPU-seconds a batch, log sd 0.08) and an objective of 10 s:
+    # at 1.06 cores (9.4 s) and at 1.0 core (10 s) its next batch is about as likely met plus in
+    # band (1.67 either way: late less often, too fast more often), so a plan 6 % lower is not
+    # worth a move; from 1.6 cores (6.25 s, faster than its band every batch) it is.
+    import math
+
+    from shared.core.learned import _Plan
+
+    def policy_with_curve(plan_limit: float) -> LearnedPolicy:
+        pol = _FixedPlans({"x": _Plan(plan_limit, "in band"), "y": _Plan(0.25, "unachievable")})
+        curve = pol._curve("x")
+        for i in range(40):
+            cores = (0.8, 1.0, 1.25, 1.6)[i % 4]
+            curve.add(math.log(cores), math.log(10.0 / cores) + (0.08 if i % 8 < 4 else -0.08), 1.0, 1.0)
+        return pol
+
+    assert _decide(policy_with_curve(0.25), {"x": 1.06 / 4, "y": 0.25})["x"] == 1.06 / 4
+    assert _decide(policy_with_curve(0.25), {"x": 1.6 / 4, "y": 0.25})["x"] == 0.25
