@@ -53,6 +53,9 @@ class Run:
     noise_oracle_in_band: float = 0.0
     noise_oracle_met_median: int = 0
     noise_oracle_in_band_median: int = 0
+    change_settle_mean: float = 0.0
+    """Rounds moving a limit after each change on a node, before its next (mean over changes)."""
+    changes_settled_within_3: float = 1.0
 
     @classmethod
     def of(cls, r: SimResult, label: str) -> Run:
@@ -62,7 +65,8 @@ class Run:
                    float(r.settle.get("rounds_mean", 0.0)), float(r.settle.get("seconds_max", 0.0)),
                    int(r.settle.get("container_rounds_max", 0)), float(r.settle.get("container_rounds_mean", 0.0)),
                    r.rounds, r.ceiling_met, r.ceiling_in_band, r.oracle_noise_met, r.oracle_noise_in_band,
-                   r.oracle_noise_met_median, r.oracle_noise_in_band_median)
+                   r.oracle_noise_met_median, r.oracle_noise_in_band_median,
+                   float(r.settle.get("change_rounds_mean", 0.0)), float(r.settle.get("changes_settled_within_3", 1.0)))
 
 
 def skewed_prior(scenario: Scenario, error: float, seed: int) -> PolicyContext:
@@ -132,6 +136,8 @@ def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
             "settle_s_max_mean": statistics.mean(r.settle_s_max for r in rs),
             "container_settle_max_mean": statistics.mean(r.container_settle_max for r in rs),
             "container_settle_mean": statistics.mean(r.container_settle_mean for r in rs),
+            "change_settle_mean": statistics.mean(r.change_settle_mean for r in rs),
+            "changes_settled_within_3": statistics.mean(r.changes_settled_within_3 for r in rs),
             "changes_per_container_round": statistics.mean(r.changes_per_container_round for r in rs),
             "changes_per_container": statistics.mean(r.changes_per_container for r in rs),
             "rounds_mean": statistics.mean(r.rounds for r in rs),
@@ -149,8 +155,9 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
         "| in band / oracle under noise | CPU spent (cores) | idle (cores) "
         "| rounds moving a node's limits after the last change anywhere (mean of per-run max; worst) "
         "| rounds moving a container's limit after its own arrival or change (mean; mean of per-run max) "
+        "| rounds moving a node's limits after each change there (mean; share of changes within 3) "
         "| limit changes per container per round | limit changes per container |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for label, s in summary.items():
         lines.append(
@@ -159,6 +166,7 @@ def table(summary: dict[str, dict[str, Any]]) -> str:
             f"{s['cpu_cores_mean']:.2f} | {s['cpu_idle_cores_mean']:.2f} | "
             f"{s['settle_rounds_max_mean']:.1f}; {s['settle_rounds_max_worst']} | "
             f"{s['container_settle_mean']:.2f}; {s['container_settle_max_mean']:.1f} | "
+            f"{s['change_settle_mean']:.2f}; {s['changes_settled_within_3']:.2f} | "
             f"{s['changes_per_container_round']:.3f} | {s['changes_per_container']:.1f} |"
         )
     return "\n".join(lines)

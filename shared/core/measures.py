@@ -72,6 +72,22 @@ def rounds_to_settle(rounds: list[tuple[float, float]], after_s: float, move: fl
     return len(moved), moved[-1] - after_s
 
 
+def rounds_after_each_change(rounds: list[tuple[float, float]], changes_s: list[float],
+                             move: float = SETTLED_MOVE) -> list[int]:
+    """For each change on a node (arrival, departure, objective or curve change), the rounds after
+    it, and before the node's next change, that still moved a limit by more than `move`.
+
+    `rounds` as for rounds_to_settle; `changes_s`: the node's change times (several at one
+    instant are one change). The round that answers a change (at its instant) is not counted.
+    """
+    times = sorted(set(changes_s))
+    out = []
+    for i, at in enumerate(times):
+        until = times[i + 1] if i + 1 < len(times) else math.inf
+        out.append(sum(1 for t, m in rounds if at < t < until and m > move))
+    return out
+
+
 def normal_cdf(z: float) -> float:
     return 0.5 * math.erfc(-z / math.sqrt(2.0))
 

@@ -22,7 +22,14 @@ from typing import Any
 
 from shared.core import registry
 from shared.core.controller import NodeController
-from shared.core.measures import SETTLED_MOVE, converged, limit_move, plateau, rounds_to_settle
+from shared.core.measures import (
+    SETTLED_MOVE,
+    converged,
+    limit_move,
+    plateau,
+    rounds_after_each_change,
+    rounds_to_settle,
+)
 from shared.core.oracle import OracleItem, expected_plan, plan_node
 from shared.core.policy import Policy, PolicyContext
 from shared.core.profiles import ModelProfile
@@ -116,8 +123,10 @@ class SimResult:
     """Sum over rounds of the containers each round decided for (the denominator of changes per container per round)."""
     settle: dict[str, Any] = field(default_factory=dict)
     """Rounds that still moved a limit after the last arrival, departure or objective change
-    anywhere, and the seconds until the last of them (per node: max and mean); and per container,
-    the rounds that moved its own limit after its own arrival or last change (max and mean)."""
+    anywhere, and the seconds until the last of them (per node: max and mean); per container,
+    the rounds that moved its own limit after its own arrival or last change (max and mean); and
+    per change on a node, the rounds that moved a limit there before its next change (mean, max,
+    and the share of changes settled within 3)."""
     met_series: list[tuple[float, int]] = field(default_factory=list)
 
     @property
@@ -235,6 +244,8 @@ def simulate(
     own_event_s: dict[str, float] = {}
     """Each container's latest arrival or change: its own moves after it are counted."""
     own_moves: dict[str, int] = {}
+    node_changes: dict[str, list[float]] = {n: [] for n in nodes}
+    """When each node's set of containers, an objective or a curve on it changed."""
     window_at = max(0.0, end - min(final_window_s, end / 10))
     heapq.heappush(heap, (window_at, 2, "window", ""))
     window_cpu: dict[str, float] = {}
@@ -362,6 +373,7 @@ def simulate(
                     objective_now[cname] = ch.objective_s
                     ctrls[where].set_objective(cname, ch.objective_s, t, spec.alpha)
                 recount(where, t)
+                node_changes[where].append(t)
                 continue
             if kind == "submit":
                 where = placement[cname]
@@ -374,6 +386,7 @@ def simulate(
                 ctrls[where].add(cname, t, cpu_total_s=0.0, objective_s=spec.objective_s,
                                  alpha=spec.alpha, limit=limit)
                 recount(where, t)
+                node_changes[where].append(t)
             else:
                 where = placed[cname]
                 if t > window_at and spec.objective_s is not None:
@@ -384,6 +397,7 @@ def simulate(
                 ctrls[where].remove(cname, t)
                 latest.pop(cname, None)
                 recount(where, t)
+                node_changes[where].append(t)
                 if not ctrls[where].managed:
                     node_satisfied[where] = 0
         for name, ctrl in ctrls.items():
@@ -451,6 +465,7 @@ def simulate(
     per_node = {n: plateau(seen_series[n], window_at, end) for n in nodes}
     met_per_node = {n: plateau(seen_met_series[n], window_at, end) for n in nodes}
     settles = [rounds_to_settle(round_log[n], last_event_s) for n in nodes if round_log[n]]
+    per_change = [k for n in nodes for k in rounds_after_each_change(round_log[n], node_changes[n])]
     settle = {
         "after_s": round(last_event_s, 3),
         "rounds_max": max((r for r, _ in settles), default=0),
@@ -458,6 +473,10 @@ def simulate(
         "seconds_max": round(max((x for _, x in settles), default=0.0), 3),
         "container_rounds_max": max(own_moves.values(), default=0),
         "container_rounds_mean": round(sum(own_moves.values()) / len(own_moves), 3) if own_moves else 0.0,
+        "change_rounds_mean": round(sum(per_change) / len(per_change), 3) if per_change else 0.0,
+        "change_rounds_max": max(per_change, default=0),
+        "changes_settled_within_3": round(sum(1 for k in per_change if k <= 3) / len(per_change), 3)
+        if per_change else 1.0,
     }
     return SimResult(
         scenario=scenario.name,

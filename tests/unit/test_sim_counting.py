@@ -76,3 +76,25 @@ def test_the_oracle_sets_the_best_allocation_under_the_noise_it_knows():
     plain = scenario(containers, noise=0.12, noise_aware=0)
     limits, items = _oracle_limits(plain, 0.0)
     assert limits == {k: round(v, 4) for k, v in plan_node(items, 4.0).limits.items()}
+
+
+def test_rounds_after_each_change_count_moves_until_the_next_change():
+    from shared.core.measures import rounds_after_each_change, rounds_to_settle
+
+    # (time, largest relative move): the rounds at a change's own instant answer it and are not counted.
+    rounds = [(0.0, 1.0), (5.0, 0.3), (10.0, 0.02), (15.0, 0.2), (20.0, 0.5), (25.0, 0.1), (40.0, 0.0), (60.0, 0.3)]
+    assert rounds_after_each_change(rounds, [0.0, 20.0, 20.0, 50.0]) == [2, 1, 1]
+    assert rounds_after_each_change(rounds, []) == []
+    assert rounds_to_settle(rounds, 20.0) == (2, 40.0)
+
+
+def test_a_run_reports_how_it_settles_after_each_change():
+    # Two containers arrive 200 s apart; the learned allocator answers each arrival in a few rounds.
+    sc = scenario([{"name": "a", "objective_s": 5.0}, {"name": "b", "objective_s": 8.0, "submit_at_s": 200.0}],
+                  noise=0.03)
+    res = simulate(sc, "learned", 1)
+    s = res.settle
+    assert s["change_rounds_max"] <= 3 and 0 <= s["change_rounds_mean"] <= s["change_rounds_max"]
+    assert s["changes_settled_within_3"] == 1.0
+    dq = simulate(sc, "dqoes", 1).settle
+    assert dq["change_rounds_mean"] > s["change_rounds_mean"]
