@@ -408,7 +408,9 @@ class LearnedPolicy(PolicyBase):
                         # Nor one that adds little to its chances: the value is flat near its best.
                         curve = self.curves[v.name]
                         gain = sum(_chances(curve, v, new * cores)) - sum(_chances(curve, v, old * cores))
-                        keep = gain < VALUE_DEAD_BAND
+                        # Nor trimming, unless the curve puts it faster than its band where it is.
+                        fast = at_old is not None and at_old[0] < math.log((1 - v.alpha) * v.objective_s)
+                        keep = gain < VALUE_DEAD_BAND and (new > old or not fast)
                 else:  # cannot be met: a share, not a target
                     keep = abs(new - old) <= BEST_EFFORT_DEAD_BAND * max(old, new)
                 if keep:

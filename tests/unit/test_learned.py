@@ -350,3 +350,18 @@ def test_a_container_in_band_is_not_trimmed_for_a_chance_it_barely_gains():
 
     assert _decide(policy_with_curve(0.25), {"x": 1.06 / 4, "y": 0.25})["x"] == 1.06 / 4
     assert _decide(policy_with_curve(0.25), {"x": 1.6 / 4, "y": 0.25})["x"] == 0.25
+
+
+def test_a_container_far_faster_than_its_band_is_trimmed_even_when_the_step_is_worth_little_yet():
+    # Every batch seen at 1 core, 10 s; the objective is now 40 s. A plan of half a core (20 s,
+    # still faster than the band) is worth little more by the fit, but staying would keep it
+    # faster than asked for good: it moves, and learns the curve further down.
+    import math
+
+    from shared.core.learned import _Plan
+
+    pol = _FixedPlans({"x": _Plan(0.125, "in band"), "y": _Plan(0.25, "unachievable")})
+    curve = pol._curve("x")
+    for i in range(20):
+        curve.add(0.0, math.log(10.0) + (0.08 if i % 2 else -0.08), 1.0, 1.0)
+    assert _decide(pol, {"x": 0.25, "y": 0.25}, objective_s=40.0)["x"] == 0.125
