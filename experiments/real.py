@@ -56,7 +56,7 @@ from shared.scenarios.spec import (
     load_profiles_file,
     scenario_to_dict,
 )
-from shared.schema import NodeState
+from shared.schema import DecisionMsg, LatencyEvent, NodeState
 from shared.sim.engine import simulate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -150,6 +150,10 @@ class RealRun:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.started: list[str] = []
         self.states: list[dict[str, Any]] = []
+        self.decisions: list[dict[str, Any]] = []
+        """Every round the worker published: each container's old and new limit and the reason."""
+        self.batches: list[dict[str, Any]] = []
+        """Every batch the workloads reported: what the policy saw, so a run can be replayed."""
         self.cpu_samples: list[dict[str, Any]] = []
         self.t0 = 0.0
 
@@ -245,7 +249,21 @@ class RealRun:
                        for c in ns.containers}}
             self.states.append(row)
 
+        def on_decision(d: DecisionMsg, _: Any) -> None:
+            self.decisions.append({
+                "t_s": round(d.at - self.t0, 2), "round": d.round, "event": d.event, "interval_s": d.interval_s,
+                "containers": {c.container.removeprefix(self.prefix + "-"): {
+                    "old_limit": c.old_limit, "new_limit": c.new_limit, "latency_s": c.latency_s,
+                    "cpu_share": c.cpu_share, "reason": c.reason} for c in d.containers}})
+
+        def on_batch(e: LatencyEvent, _: Any) -> None:
+            self.batches.append({"t_s": round(time.time() - self.t0, 2),
+                                 "container": e.container.removeprefix(self.prefix + "-"),
+                                 "latency_s": e.latency_s, "cpu_s": e.cpu_s, "batch": e.batch})
+
         await bus.subscribe(subjects.state(self.node), on_state, expect=NodeState)
+        await bus.subscribe(subjects.decisions(self.node), on_decision, expect=DecisionMsg)
+        await bus.subscribe(subjects.latency_of_node(self.node), on_batch, expect=LatencyEvent)
         groups = self.groups()
         last = {n: cgroupfs.usage_s(g) for n, g in groups.items()}
         last_t = time.time()
@@ -607,6 +625,10 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
                 f.write(json.dumps({"kind": "state", **row}) + "\n")
             for row in run.cpu_samples:
                 f.write(json.dumps({"kind": "cpu", **row}) + "\n")
+            for row in run.decisions:
+                f.write(json.dumps({"kind": "decision", **row}) + "\n")
+            for row in run.batches:
+                f.write(json.dumps({"kind": "batch", **row}) + "\n")
         if interrupted:
             raise KeyboardInterrupt
         real[p] = summarize_real(run, opts.duration_s)

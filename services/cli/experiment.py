@@ -403,7 +403,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", default=d.image, help="inference image")
     p.add_argument("--seed", type=int, default=d.seed, help="simulator seed")
     p.add_argument("--sample-s", type=float, default=d.sample_s, help="seconds between CPU samples (default 5)")
-    p.add_argument("--out", help="directory for the raw records (default runs/real-<time>)")
+    p.add_argument("--out", help="directory for the raw records: per policy, node states, CPU samples, decisions with their reasons and batches as JSON lines (default runs/real-<time>)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="run nothing: report (and --plot/--update) from a summary.json written earlier")
     p.add_argument("--plot", metavar="FILE", help="write the figure (.svg or .png)")

@@ -1,0 +1,35 @@
+"""`dqoes experiment real` end to end on this machine: real inference processes under the cgroup
+runtime, a private NATS, the manager and a worker, for half a minute.
+
+What it records must let a run be explained afterwards: besides the node
+states and CPU samples, every decision the worker published (each
+container's old and new limit and the reason) and every batch the workloads
+reported (what the policy saw).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from experiments.real import RealOptions, run
+
+pytestmark = [pytest.mark.timeout(240),
+              pytest.mark.skipif(os.geteuid() != 0, reason="the cgroup runtime needs root")]
+
+
+def test_a_short_real_run_records_decisions_and_batches(tmp_path):
+    res = run(RealOptions(containers=2, duration_s=30.0, policies="learned", runtime="cgroup", out=str(tmp_path)))
+    rows = [json.loads(line) for line in (tmp_path / "learned.jsonl").read_text().splitlines()]
+    kinds = {r["kind"] for r in rows}
+    assert {"state", "cpu", "decision", "batch"} <= kinds
+    decisions = [r for r in rows if r["kind"] == "decision"]
+    assert all(set(d["containers"]) == {"c01", "c02"} for d in decisions)
+    assert all(c["reason"].startswith("learned:") for d in decisions for c in d["containers"].values())
+    assert any(c["new_limit"] is not None for d in decisions for c in d["containers"].values())
+    batches = [r for r in rows if r["kind"] == "batch"]
+    assert {b["container"] for b in batches} == {"c01", "c02"}
+    assert all(b["latency_s"] > 0 and b["cpu_s"] >= 0 for b in batches)
+    assert res.summary["real"]["learned"]["met_final"] >= 0
