@@ -47,6 +47,7 @@ band's centre.)
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -83,6 +84,12 @@ MAX_STEP_UNCERTAIN = 2.0
 """While the fit is uncertain a limit moves at most by this factor a round."""
 UNCERTAIN_SD = 0.25
 BEST_EFFORT_DEAD_BAND = 0.25
+BACK_SD = 2.0
+"""After a restart, a batch within this many sd of the curve before it counts towards restoring it."""
+RESTART_WATCH = 6
+"""Batches after a restart during which the curve before it may be restored."""
+FEW_BATCHES = 4
+"""A curve with fewer observations than this is still being learnt: rounds follow its batches."""
 TARGET_GRID = 48
 """Limits tried between the floor and the cap when aiming a container (geometric)."""
 VALUE_DEAD_BAND = 0.05
@@ -168,6 +175,13 @@ class Curve:
     expected: tuple[float, float] | None = None
     """(mean log latency, tolerance) the curve gives at the limit set last: batches beyond it are strikes."""
     strikes: int = 0
+    batch_s: float | None = None
+    """Its latest batch's latency: how soon the next one tells something."""
+    before: Curve | None = None
+    """The curve as it was before the latest restart, while batches may still show it was right."""
+    since_restart: int = 0
+    back: int = 0
+    """Consecutive batches since the restart that the curve before it explains."""
 
     @property
     def noise(self) -> float:
@@ -186,8 +200,11 @@ class Curve:
         self.fit = None
 
     def restart(self) -> None:
-        """Forget every observation (the curve moved); keep what was learnt of k as a prior."""
+        """Forget every observation (the curve moved); keep what was learnt of k as a prior, and the
+        curve itself for a few batches, in case the move was a passing slow spell."""
         f = self.solve()
+        self.before = dataclasses.replace(self, suspects=[], before=None) if f is not None and self.n >= 3 else None
+        self.since_restart = self.back = 0
         if f is not None and self.n >= 3:
             self.k_mean, self.k_sd = f[1], max(0.1, math.sqrt(f[4]))
         self.sw = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
@@ -195,6 +212,27 @@ class Curve:
         self.theta_sd = math.inf
         self.suspects.clear()
         self.fit = None
+
+    def check_back(self, x: float, y: float) -> bool:
+        """After a restart: True (and the curve before it restored) once two batches in a row land
+        where it put them; the slow spell that set the restart off has passed."""
+        old = self.before
+        if old is None:
+            return False
+        self.since_restart += 1
+        pred, fit = old.predict(math.exp(x)), old.solve()
+        if pred is not None and fit is not None and abs(y - pred[0]) <= BACK_SD * max(fit[5], NOISE_PRIOR):
+            self.back += 1
+        else:
+            self.back = 0
+        if self.back >= 2:
+            for name in ("sw", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd"):
+                setattr(self, name, getattr(old, name))
+            self.before, self.fit = None, None
+            return True
+        if self.since_restart >= RESTART_WATCH:
+            self.before = None
+        return False
 
     def solve(self) -> tuple[float, float, float, float, float, float] | None:
         """Posterior of (theta0, k) and the noise sd, or None with no observation at all."""
@@ -319,6 +357,7 @@ class LearnedPolicy(PolicyBase):
                 self._observe_straddled(b, curve, cores, decay)
                 continue
             curve.last_clean_s = b.finished_at_s
+            curve.batch_s = b.latency_s
             limit_cores = None if b.limit is None else b.limit * cores
             rate = None
             if b.cpu_s is not None:
@@ -339,6 +378,7 @@ class LearnedPolicy(PolicyBase):
                 continue
             x, y = math.log(got), math.log(b.latency_s)
             w = WARMUP_WEIGHT if b.index == 0 else 1.0
+            curve.check_back(x, y)
             pred = curve.predict(got)
             fit = curve.solve()
             if pred is not None and fit is not None and curve.n >= 3:
@@ -634,6 +674,10 @@ class LearnedPolicy(PolicyBase):
                 else:  # late: look again at a fraction of its batch time
                     step = (c.expect_at_s or now_s) - (c.changed_at_s or now_s)
                     due.append(now_s + max(p.initial_interval_s, step / 4))
+            elif c.n < FEW_BATCHES and c.batch_s is not None:
+                # A curve seen a few times (a newcomer, or one that restarted after a drift) is still
+                # being learnt: its next batch can change the decision.
+                due.append(now_s + c.batch_s)
         if due:
             self._interval_s = min(p.max_interval_s, max(p.initial_interval_s, min(due) - now_s))
         else:
