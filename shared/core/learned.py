@@ -531,6 +531,12 @@ class LearnedPolicy(PolicyBase):
             # for the batch-to-batch noise and the fit's uncertainty comes on top (below).
             edge_s = v.objective_s * (1 + v.alpha) * math.exp(-1.5 * noise)
             edge = curve.cores_for(edge_s, 0.0)
+            if p.expected_aim >= 0.5 and edge is not None and not (math.isfinite(edge) and edge <= cap * cores):
+                # Not with the margin, but where it does best (its ceiling, a thread's worth) it may still
+                # be met more often than not: then that is its need, not a fair share that leaves it late.
+                top = expected_best_limit(curve, v, cores, floor, cap)
+                if _chances(curve, v, top * cores)[0] >= 0.5:
+                    edge = top * cores
             if edge is None or not math.isfinite(edge) or edge > cap * cores:
                 best_effort.append(v.name)
                 plans[v.name] = _Plan(floor, "unachievable")
