@@ -213,12 +213,12 @@ class Curve:
         self.suspects.clear()
         self.fit = None
 
-    def check_back(self, x: float, y: float) -> bool:
-        """After a restart: True (and the curve before it restored) once two batches in a row land
-        where it put them; the slow spell that set the restart off has passed."""
+    def check_back(self, x: float, y: float) -> None:
+        """After a restart: restore the curve before it once two batches in a row land where it put
+        them (the slow spell that set the restart off has passed)."""
         old = self.before
         if old is None:
-            return False
+            return
         self.since_restart += 1
         pred, fit = old.predict(math.exp(x)), old.solve()
         if pred is not None and fit is not None and abs(y - pred[0]) <= BACK_SD * max(fit[5], NOISE_PRIOR):
@@ -229,10 +229,8 @@ class Curve:
             for name in ("sw", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd"):
                 setattr(self, name, getattr(old, name))
             self.before, self.fit = None, None
-            return True
-        if self.since_restart >= RESTART_WATCH:
+        elif self.since_restart >= RESTART_WATCH:
             self.before = None
-        return False
 
     def solve(self) -> tuple[float, float, float, float, float, float] | None:
         """Posterior of (theta0, k) and the noise sd, or None with no observation at all."""
@@ -449,8 +447,7 @@ class LearnedPolicy(PolicyBase):
                         curve = self.curves[v.name]
                         gain = sum(_chances(curve, v, new * cores)) - sum(_chances(curve, v, old * cores))
                         # Nor trimming, unless the curve puts it faster than its band where it is.
-                        fast = at_old is not None and at_old[0] < math.log((1 - v.alpha) * v.objective_s)
-                        keep = gain < VALUE_DEAD_BAND and (new > old or not fast)
+                        keep = gain < VALUE_DEAD_BAND and (new > old or not _faster_than_band(at_old, v))
                 else:  # cannot be met: a share, not a target
                     keep = abs(new - old) <= BEST_EFFORT_DEAD_BAND * max(old, new)
                 if keep:
@@ -470,25 +467,10 @@ class LearnedPolicy(PolicyBase):
         rises = [(proposal[n] - olds[n], n) for n in proposal
                  if plans[n].kind in ("no room", "unachievable") and olds[n] is not None and proposal[n] > olds[n]
                  and n != self.chance]
-        for rise, name in sorted(rises, reverse=True):
-            if excess <= 1e-9:
-                break
-            back = min(rise, excess)
-            proposal[name] -= back
-            excess -= back
-        for over, name in sorted(((proposal[n] - plans[n].limit, n) for n in proposal), reverse=True):
-            if excess <= 1e-9 or over <= 0:
-                break
-            back = min(over, excess)
-            proposal[name] -= back
-            excess -= back
-        if excess > 1e-9:
-            for name in sorted(proposal, key=lambda n: -proposal[n]):
-                back = min(proposal[name] - floor, excess)
-                proposal[name] -= back
-                excess -= back
-                if excess <= 1e-9:
-                    break
+        excess = _give_back(proposal, sorted(rises, reverse=True), excess)
+        overs = sorted(((proposal[n] - plans[n].limit, n) for n in proposal), reverse=True)
+        excess = _give_back(proposal, [(over, n) for over, n in overs if over > 0], excess)
+        _give_back(proposal, [(proposal[n] - floor, n) for n in sorted(proposal, key=lambda n: -proposal[n])], excess)
         ups: dict[str, tuple[float | None, str]] = {}
         for v in view.containers:
             new, old, curve = proposal[v.name], v.limit, self.curves[v.name]
@@ -531,12 +513,14 @@ class LearnedPolicy(PolicyBase):
             # for the batch-to-batch noise and the fit's uncertainty comes on top (below).
             edge_s = v.objective_s * (1 + v.alpha) * math.exp(-1.5 * noise)
             edge = curve.cores_for(edge_s, 0.0)
-            if p.expected_aim >= 0.5 and edge is not None and not (math.isfinite(edge) and edge <= cap * cores):
+            # Where its next batch is most often met and in band (the measured noise and what the fit
+            # does not know yet), the least CPU on ties.
+            best = expected_best_limit(curve, v, cores, floor, cap) if p.expected_aim >= 0.5 else None
+            if best is not None and edge is not None and not (math.isfinite(edge) and edge <= cap * cores):
                 # Not with the margin, but where it does best (its ceiling, a thread's worth) it may still
                 # be met more often than not: then that is its need, not a fair share that leaves it late.
-                top = expected_best_limit(curve, v, cores, floor, cap)
-                if _chances(curve, v, top * cores)[0] >= 0.5:
-                    edge = top * cores
+                if _chances(curve, v, best * cores)[0] >= 0.5:
+                    edge = best * cores
             if edge is None or not math.isfinite(edge) or edge > cap * cores:
                 best_effort.append(v.name)
                 plans[v.name] = _Plan(floor, "unachievable")
@@ -549,10 +533,9 @@ class LearnedPolicy(PolicyBase):
             fast_edge = curve.cores_for((1 - v.alpha) * v.objective_s * math.exp(noise), 0.0) or math.inf
             margin[v.name] = min(max(need, safe), cap)
             centre[v.name] = min(max(margin[v.name], min(mid, fast_edge) / cores), cap)
-            if p.expected_aim >= 0.5:
-                # Aimed where its next batch is most often met and in band (the measured noise and
-                # what the fit does not know yet), the least CPU on ties; never priced above the margin.
-                best = best_limit[v.name] = expected_best_limit(curve, v, cores, floor, cap)
+            if best is not None:
+                # Aimed there; never priced above the margin.
+                best_limit[v.name] = best
                 need = min(need, best)
                 margin[v.name] = centre[v.name] = max(best, need)
             if v.limit is not None and need * (1 - p.dead_band) <= v.limit <= min(cap, fast_edge / cores) and _in_band(v):
@@ -561,8 +544,7 @@ class LearnedPolicy(PolicyBase):
                     # In band where it is and the curve agrees: leave it there (no trimming).
                     margin[v.name] = centre[v.name] = v.limit
             if need <= floor:
-                at_floor = curve.predict(floor * cores)
-                fast = at_floor is not None and math.exp(at_floor[0]) < (1 - v.alpha) * v.objective_s
+                fast = _faster_than_band(curve.predict(floor * cores), v)
                 plans[v.name] = _Plan(floor, "too fast" if fast else "in band", need)
                 continue
             plans[v.name] = _Plan(need, "candidate", need)
@@ -691,6 +673,18 @@ class LearnedPolicy(PolicyBase):
         return self._interval_s
 
 
+def _give_back(proposal: dict[str, float], order: Sequence[tuple[float, str]], excess: float) -> float:
+    """Take up to each (amount, name) from its proposed limit, in order, until `excess` is gone;
+    returns what is still over."""
+    for amount, name in order:
+        if excess <= 1e-9:
+            break
+        back = min(amount, excess)
+        proposal[name] -= back
+        excess -= back
+    return excess
+
+
 def _choose(candidates: Sequence[tuple[float, str]], budget: float, incumbents: set[str]) -> list[str]:
     """The most containers whose extra CPU fits the budget, keeping last round's where that costs no count.
 
@@ -735,6 +729,11 @@ def _chances(curve: Curve, v: ContainerView, cores: float) -> tuple[float, float
         return 0.0, 0.0
     return band_chances(pred[0], math.sqrt(curve.noise**2 + pred[1] ** 2),
                         math.log((1 + v.alpha) * v.objective_s), math.log((1 - v.alpha) * v.objective_s))
+
+
+def _faster_than_band(pred: tuple[float, float] | None, v: ContainerView) -> bool:
+    """Whether a predicted (mean log latency, sd) puts the container faster than its band."""
+    return pred is not None and math.exp(pred[0]) < (1 - v.alpha) * v.objective_s
 
 
 def _in_band(v: ContainerView) -> bool:

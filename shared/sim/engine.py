@@ -240,6 +240,7 @@ def simulate(
             if ch.at_s < end:
                 heapq.heappush(heap, (ch.at_s, 3, f"change:{i}", c.name))
     objective_now = {c.name: c.objective_s for c in scenario.containers}
+    alpha_of = {c.name: c.alpha if c.alpha is not None else scenario.controller.alpha for c in scenario.containers}
     last_event_s = 0.0
     own_event_s: dict[str, float] = {}
     """Each container's latest arrival or change: its own moves after it are counted."""
@@ -282,12 +283,16 @@ def simulate(
         ok = met = 0
         for cname in nodes[node].containers:
             objective = objective_now[cname]
-            alpha = specs[cname].alpha if specs[cname].alpha is not None else scenario.controller.alpha
-            ok += is_satisfied(objective, latest.get(cname), alpha)
-            met += is_met(objective, latest.get(cname), alpha)
+            ok += is_satisfied(objective, latest.get(cname), alpha_of[cname])
+            met += is_met(objective, latest.get(cname), alpha_of[cname])
         for ser, value in ((seen_series[node], ok), (seen_met_series[node], met)):
             if not ser or ser[-1][1] != value:
                 ser.append((t, value))
+
+    def changed(node: str, t: float) -> None:
+        """A container arrived, left, or had its objective or curve changed on `node`."""
+        recount(node, t)
+        node_changes[node].append(t)
 
     round_log: dict[str, list[tuple[float, float]]] = {n: [] for n in nodes}
     counters = {"changes": 0, "container_rounds": 0}
@@ -372,8 +377,7 @@ def simulate(
                 if ch.objective_s is not None:
                     objective_now[cname] = ch.objective_s
                     ctrls[where].set_objective(cname, ch.objective_s, t, spec.alpha)
-                recount(where, t)
-                node_changes[where].append(t)
+                changed(where, t)
                 continue
             if kind == "submit":
                 where = placement[cname]
@@ -385,8 +389,7 @@ def simulate(
                 )
                 ctrls[where].add(cname, t, cpu_total_s=0.0, objective_s=spec.objective_s,
                                  alpha=spec.alpha, limit=limit)
-                recount(where, t)
-                node_changes[where].append(t)
+                changed(where, t)
             else:
                 where = placed[cname]
                 if t > window_at and spec.objective_s is not None:
@@ -396,8 +399,7 @@ def simulate(
                 nodes[where].remove(cname, t)
                 ctrls[where].remove(cname, t)
                 latest.pop(cname, None)
-                recount(where, t)
-                node_changes[where].append(t)
+                changed(where, t)
                 if not ctrls[where].managed:
                     node_satisfied[where] = 0
         for name, ctrl in ctrls.items():
@@ -427,7 +429,7 @@ def simulate(
         items = []
         for cname, sc in node.containers.items():
             spec = specs[cname]
-            alpha = spec.alpha if spec.alpha is not None else scenario.controller.alpha
+            alpha = alpha_of[cname]
             objective = objective_now[cname]
             lat = latest.get(cname)
             ok = is_satisfied(objective, lat, alpha)
