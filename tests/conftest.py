@@ -127,3 +127,20 @@ def cgroup_root() -> Path:
     except OSError as e:
         need(f"no cgroup cpu controller: {e}")
     return cgroupfs.DEFAULT_ROOT
+
+
+@pytest.fixture
+def policies_made(monkeypatch) -> list:
+    """Every policy instance the simulator builds during the test, in order (one per node a run)."""
+    from shared.sim import engine
+
+    made: list = []
+    orig = engine.make_policy
+
+    def spy(name, scenario, context=None):
+        p = orig(name, scenario, context)
+        made.append(p)
+        return p
+
+    monkeypatch.setattr(engine, "make_policy", spy)
+    return made

@@ -97,28 +97,14 @@ def test_an_unachievable_container_gets_a_fair_best_effort_and_the_others_are_me
     assert h.batches > 60  # a batch every 10 s or less
 
 
-def test_arrivals_and_departures_leave_no_state_behind_and_free_their_cpu():
+def test_arrivals_and_departures_leave_no_state_behind_and_free_their_cpu(policies_made):
     sc = scenario([
         {"name": "stay", "objective_s": 10.0},
         {"name": "brief", "objective_s": 5.0, "submit_at_s": 100.0, "duration_s": 300.0},
         {"name": "late", "objective_s": 4.0, "submit_at_s": 500.0},
     ])
-    sc_policy: list[LearnedPolicy] = []
-    from shared.sim import engine
-
-    orig = engine.make_policy
-
-    def spy(name, scenario_, context=None):
-        p = orig(name, scenario_, context)
-        sc_policy.append(p)
-        return p
-
-    engine.make_policy = spy
-    try:
-        res = run(sc)
-    finally:
-        engine.make_policy = orig
-    (policy,) = sc_policy
+    res = run(sc)
+    (policy,) = policies_made
     assert set(policy.curves) == {"stay", "late"}  # "brief" left: nothing of it is kept
     assert final(res, "late").met and final(res, "stay").met
     # "late" needs 2.5 cores: only there because "brief" (2 cores) released its CPU.
@@ -254,39 +240,25 @@ def test_the_aim_is_a_parameter_like_the_others():
         LearnedParams(expected_aim=2.0)
 
 
-def test_the_noise_it_allows_for_is_the_noise_there_is_after_a_dozen_batches():
+def test_the_noise_it_allows_for_is_the_noise_there_is_after_a_dozen_batches(policies_made):
     # Long batches (about two minutes each, a dozen a run) spread by sigma 0.12 (log sd): the
     # margin each container is aimed with must be about that, not what a few lucky first
     # batches suggested (an earlier estimate stayed at half of it).
     sigma = 0.12
-    made: list[LearnedPolicy] = []
-    from shared.sim import engine
-
-    orig = engine.make_policy
-
-    def spy(name, scenario_, context=None):
-        p = orig(name, scenario_, context)
-        made.append(p)
-        return p
-
     ratios = []
-    engine.make_policy = spy
-    try:
-        for seed in range(1, 6):
-            made.clear()
-            sc = parse_scenario({
-                "name": "long-batches", "duration_s": 1500.0, "noise_sigma": sigma,
-                "nodes": [{"name": "n1", "cores": 4.0}], "models": [{"name": "m", "work_cpu_s": 120.0, "threads": 4}],
-                "containers": [{"name": f"c{i}", "model": "m", "objective_s": o}
-                               for i, o in enumerate((100.0, 120.0, 140.0, 160.0))],
-            })
-            simulate(sc, "learned", seed)
-            (policy,) = made
-            for curve in policy.curves.values():
-                assert 5 <= curve.n <= 20
-                ratios.append(curve.noise / sigma)
-    finally:
-        engine.make_policy = orig
+    for seed in range(1, 6):
+        policies_made.clear()
+        sc = parse_scenario({
+            "name": "long-batches", "duration_s": 1500.0, "noise_sigma": sigma,
+            "nodes": [{"name": "n1", "cores": 4.0}], "models": [{"name": "m", "work_cpu_s": 120.0, "threads": 4}],
+            "containers": [{"name": f"c{i}", "model": "m", "objective_s": o}
+                           for i, o in enumerate((100.0, 120.0, 140.0, 160.0))],
+        })
+        simulate(sc, "learned", seed)
+        (policy,) = policies_made
+        for curve in policy.curves.values():
+            assert 5 <= curve.n <= 20
+            ratios.append(curve.noise / sigma)
     assert len(ratios) == 20
     assert 0.7 <= sum(ratios) / len(ratios) <= 1.2, ratios
 

@@ -13,7 +13,6 @@ from typing import Any
 
 from shared.core.oracle import OracleItem, expected_plan, plan_node
 from shared.scenarios.spec import parse_scenario
-from shared.sim import engine
 from shared.sim.engine import simulate
 
 MODEL = {"name": "m", "work_cpu_s": 10.0, "threads": 4}
@@ -47,34 +46,23 @@ def test_a_late_objective_change_is_counted_from_the_batches_after_it():
     assert res.satisfied_at_end == 0
 
 
-def _oracle_limits(sc, noise_aware: float) -> tuple[dict[str, float], list]:
-    made = []
-    orig = engine.make_policy
-
-    def spy(name, scenario_, context=None):
-        p = orig(name, scenario_, context)
-        made.append(p)
-        return p
-
-    engine.make_policy = spy
-    try:
-        res = simulate(sc, "oracle", 3, record=True)
-    finally:
-        engine.make_policy = orig
+def _oracle_limits(sc, noise_aware: float, made: list) -> tuple[dict[str, float], list]:
+    made.clear()
+    res = simulate(sc, "oracle", 3, record=True)
     last = {r["container"]: r["limit"] for r in res.timeline if r["kind"] == "container"}
     assert made and made[0].params.noise_aware == noise_aware
     return last, [OracleItem(c.name, c.objective_s, 0.1, sc.profile_of(c)) for c in sc.containers]
 
 
-def test_the_oracle_sets_the_best_allocation_under_the_noise_it_knows():
+def test_the_oracle_sets_the_best_allocation_under_the_noise_it_knows(policies_made):
     containers = [{"name": f"c{i}", "objective_s": s} for i, s in enumerate((4.0, 6.0, 9.0, 12.0, 30.0))]
     noisy = scenario(containers, noise=0.12)
-    limits, items = _oracle_limits(noisy, 1.0)
+    limits, items = _oracle_limits(noisy, 1.0, policies_made)
     want = expected_plan(items, 4.0, 0.12).limits
     assert limits == {k: round(v, 4) for k, v in want.items()}
     # Asked not to (or with no noise to know), it sets the noise-free plan.
     plain = scenario(containers, noise=0.12, noise_aware=0)
-    limits, items = _oracle_limits(plain, 0.0)
+    limits, items = _oracle_limits(plain, 0.0, policies_made)
     assert limits == {k: round(v, 4) for k, v in plan_node(items, 4.0).limits.items()}
 
 
