@@ -276,18 +276,21 @@ class Curve:
     def cores_for(self, latency_s: float, z: float) -> float | None:
         """Fewest cores whose latency, with z model sds of margin, is at most `latency_s`.
 
-        math.inf when even the saturation point is too slow; None before any observation.
+        math.inf when even the saturation point is too slow, or when the fit asks for more cores
+        than a float holds (a wild first fit); None before any observation.
         """
         f = self.solve()
         if f is None:
             return None
         theta, k, *_ = f
         target = math.log(latency_s)
-        c = math.exp((theta - target) / k)
+        c = _exp_or_inf((theta - target) / k)
         for _ in range(3):  # the margin depends (weakly) on where it is evaluated
+            if not math.isfinite(c):
+                return math.inf
             pred = self.predict(c)
             assert pred is not None
-            c = math.exp((theta + z * pred[1] - target) / k)
+            c = _exp_or_inf((theta + z * pred[1] - target) / k)
         if self.sat_cores is not None and c > self.sat_cores * 1.02:
             return math.inf
         return c
@@ -671,6 +674,10 @@ class LearnedPolicy(PolicyBase):
         else:
             self._interval_s = min(p.max_interval_s, self._interval_s * 2)
         return self._interval_s
+
+
+def _exp_or_inf(x: float) -> float:
+    return math.exp(x) if x < 700.0 else math.inf
 
 
 def _give_back(proposal: dict[str, float], order: Sequence[tuple[float, str]], excess: float) -> float:

@@ -377,3 +377,18 @@ def test_a_container_met_more_often_than_not_at_its_ceiling_gets_its_ceiling():
     plans = policy._solve(views, 4.0)
     assert plans["x"].kind == "in band", plans["x"]
     assert plans["x"].limit * 4.0 >= 0.95
+
+
+def test_a_wild_first_fit_is_unachievable_not_an_overflow():
+    # Found by the property test: two early batches at a vanishing share of the node (1e-303 cores),
+    # the slower one with more CPU, fit a slope the prior clamps and an intercept far past what a
+    # float's exp holds. The need is infinite (it cannot be met), not an OverflowError.
+    import math
+
+    from shared.core.learned import Curve
+
+    c = Curve()
+    c.add(-699.0, math.log(0.5), 0.3, 1.0)
+    c.add(-697.0, math.log(63.0), 1.0, 1.0)
+    assert c.cores_for(1.0, 0.0) == math.inf
+    assert c.cores_for(1.0, 1.0) == math.inf
