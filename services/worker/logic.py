@@ -441,7 +441,9 @@ class Worker:
             expected=tuple(self.runtime.expected()),
             params=params,
             met=len(members["S"]) + len(members["G"]),
-            cpu_cores_used=used_total,
+            # Each container's share is a mean since its own last reading: summed, readings taken at
+            # different instants can pass the node by a hair, which no node can use.
+            cpu_cores_used=min(cores, used_total),
             cpu_cores_idle=max(0.0, cores - used_total),
         )
 
