@@ -149,6 +149,8 @@ class Curve:
 
     # Decayed weighted sums over observations (x = log cores, y = log latency).
     sw: float = 0.0
+    sw2: float = 0.0
+    """Decayed sum of squared weights: with sw, how many observations the weights amount to."""
     sx: float = 0.0
     sy: float = 0.0
     sxx: float = 0.0
@@ -191,6 +193,7 @@ class Curve:
 
     def add(self, x: float, y: float, w: float, decay: float) -> None:
         self.sw = self.sw * decay + w
+        self.sw2 = self.sw2 * decay * decay + w * w
         self.sx = self.sx * decay + w * x
         self.sy = self.sy * decay + w * y
         self.sxx = self.sxx * decay + w * x * x
@@ -207,7 +210,7 @@ class Curve:
         self.since_restart = self.back = 0
         if f is not None and self.n >= 3:
             self.k_mean, self.k_sd = f[1], max(0.1, math.sqrt(f[4]))
-        self.sw = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+        self.sw = self.sw2 = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
         self.n = 0
         self.theta_sd = math.inf
         self.suspects.clear()
@@ -226,7 +229,7 @@ class Curve:
         else:
             self.back = 0
         if self.back >= 2:
-            for name in ("sw", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd"):
+            for name in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd"):
                 setattr(self, name, getattr(old, name))
             self.before, self.fit = None, None
         elif self.since_restart >= RESTART_WATCH:
@@ -257,7 +260,11 @@ class Curve:
             # Weighted residual sum of squares of y - (theta - k x).
             rss = (self.syy - 2 * theta * self.sy + 2 * k * self.sxy + theta * theta * self.sw
                    - 2 * theta * k * self.sx + k * k * self.sxx)
-            sigma2 = (max(0.0, rss) + NOISE_PSEUDO * NOISE_PRIOR**2) / (self.sw + NOISE_PSEUDO)
+            # The fit took some of the spread: divide by the weight left once its effective parameters
+            # (2 less what the priors pin down) have taken their share of it, each sw2 / sw.
+            dof = 2.0 - (0.0 if math.isinf(self.theta_sd) else p22 / det / self.theta_sd**2) - p11 / det / self.k_sd**2
+            left = max(0.0, self.sw - dof * self.sw2 / self.sw)
+            sigma2 = (max(0.0, rss) + NOISE_PSEUDO * NOISE_PRIOR**2) / (left + NOISE_PSEUDO)
         k = min(K_RANGE[1], max(K_RANGE[0], k))
         self.fit = (theta, k, p22 / det, -p12 / det, p11 / det, math.sqrt(sigma2))
         return self.fit
@@ -377,24 +384,7 @@ class LearnedPolicy(PolicyBase):
                     curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
             else:
                 continue
-            x, y = math.log(got), math.log(b.latency_s)
-            w = WARMUP_WEIGHT if b.index == 0 else 1.0
-            curve.check_back(x, y)
-            pred = curve.predict(got)
-            fit = curve.solve()
-            if pred is not None and fit is not None and curve.n >= 3:
-                resid = y - pred[0]
-                sd = max(fit[5], NOISE_PRIOR)
-                if abs(resid) > OUTLIER_SD * sd:
-                    curve.suspects.append(resid)
-                    if len(curve.suspects) >= 2 and all(r * resid > 0 for r in curve.suspects[-2:]):
-                        curve.restart()
-                        curve.add(x, y, 1.0, decay)
-                        continue
-                    w *= OUTLIER_SD * sd / abs(resid)  # one odd batch counts little
-                else:
-                    curve.suspects.clear()
-            curve.add(x, y, w, decay)
+            _take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, decay)
 
     @staticmethod
     def _observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: float) -> None:
@@ -417,7 +407,7 @@ class LearnedPolicy(PolicyBase):
         fit = curve.solve()
         k = fit[1] if fit is not None else curve.k_mean
         equiv = t1 * (c1 / c2) ** k + t2
-        curve.add(math.log(c2), math.log(equiv), 0.5 * t2 / b.latency_s, decay)
+        _take(curve, math.log(c2), math.log(equiv), 0.5 * t2 / b.latency_s, decay)
 
     # -- deciding ------------------------------------------------------------------------
 
@@ -546,12 +536,12 @@ class LearnedPolicy(PolicyBase):
                 if at is not None and at[0] <= math.log(edge_s):
                     # In band where it is and the curve agrees: leave it there (no trimming).
                     margin[v.name] = centre[v.name] = v.limit
-            if need <= floor:
-                fast = _faster_than_band(curve.predict(floor * cores), v)
-                plans[v.name] = _Plan(floor, "too fast" if fast else "in band", need)
+            if need <= floor and _faster_than_band(curve.predict(floor * cores), v):
+                plans[v.name] = _Plan(floor, "too fast", need)
                 continue
-            plans[v.name] = _Plan(need, "candidate", need)
-            candidates.append((need - floor, v.name))
+            # Met at the floor is free to choose; room may still move it to its aim above the floor.
+            plans[v.name] = _Plan(max(need, floor), "candidate", need)
+            candidates.append((max(0.0, need - floor), v.name))
         budget = 1.0 - floor * n
         # Containers still learning keep what they have; a newcomer starts at an equal part of the
         # CPU no limit holds, never more than the node can spare once the others have their floor.
@@ -674,6 +664,27 @@ class LearnedPolicy(PolicyBase):
         else:
             self._interval_s = min(p.max_interval_s, self._interval_s * 2)
         return self._interval_s
+
+
+def _take(curve: Curve, x: float, y: float, w: float, decay: float) -> None:
+    """One observation (log cores, log latency) of weight w: an outlier counts little, and two in a row
+    on the same side of the curve mean it moved (it restarts from the second)."""
+    curve.check_back(x, y)
+    pred = curve.predict(math.exp(x))
+    fit = curve.solve()
+    if pred is not None and fit is not None and curve.n >= 3:
+        resid = y - pred[0]
+        sd = max(fit[5], NOISE_PRIOR)
+        if abs(resid) > OUTLIER_SD * sd:
+            curve.suspects.append(resid)
+            if len(curve.suspects) >= 2 and all(r * resid > 0 for r in curve.suspects[-2:]):
+                curve.restart()
+                curve.add(x, y, 1.0, decay)
+                return
+            w *= OUTLIER_SD * sd / abs(resid)  # one odd batch counts little
+        else:
+            curve.suspects.clear()
+    curve.add(x, y, w, decay)
 
 
 def _exp_or_inf(x: float) -> float:

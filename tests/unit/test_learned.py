@@ -215,7 +215,8 @@ def test_a_container_left_out_for_room_gets_what_is_left_when_that_gives_it_a_ch
     # a little more with a margin for the noise, so two fit with margins and the third does not; c3
     # cannot be met at all. An equal split of what is left between c3 and the third leaves the third
     # late every batch; all of it brings the third to its slow edge, met about every other batch.
-    # Three seeds: how the noise falls decides how much of the margin the two keep.
+    # Eight seeds: how the noise falls decides how much of the margin the two keep (a run or two in
+    # three gives the third little).
     def met_fractions(aim: float, seed: int) -> list[float]:
         sc = scenario([{"name": "c0", "objective_s": 16.6}, {"name": "c1", "objective_s": 16.6},
                        {"name": "c2", "objective_s": 16.6}, {"name": "c3", "objective_s": 1.0}],
@@ -223,10 +224,10 @@ def test_a_container_left_out_for_room_gets_what_is_left_when_that_gives_it_a_ch
         res = run(sc, seed)
         return [_fraction(res, f"c{i}", 600.0, 16.6, lambda ob, lat: lat <= 1.1 * ob) for i in range(3)]
 
-    chance = [met_fractions(1.0, seed) for seed in (1, 2, 3)]
-    split = [met_fractions(0.0, seed) for seed in (1, 2, 3)]
+    chance = [met_fractions(1.0, seed) for seed in range(1, 9)]
+    split = [met_fractions(0.0, seed) for seed in range(1, 9)]
     for one in split:
-        assert min(one) <= 0.05 and sum(one) >= 1.9, split  # the third is late every batch
+        assert min(one) <= 0.2 and sum(one) >= 1.9, split  # the third is late (nearly) every batch
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert mean([sum(x) for x in chance]) > mean([sum(x) for x in split]) + 0.1, (chance, split)
     assert mean([min(x) for x in chance]) > 0.25, chance
