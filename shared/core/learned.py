@@ -92,6 +92,8 @@ FEW_BATCHES = 4
 """A curve with fewer observations than this is still being learnt: rounds follow its batches."""
 TARGET_GRID = 48
 """Limits tried between the floor and the cap when aiming a container (geometric)."""
+TARGET_FINE = 17
+"""Limits tried between the two grid neighbours of the best, to place the aim within about 1 %."""
 VALUE_DEAD_BAND = 0.05
 """A move of an aimed container that raises its P(met) + P(in band) by less than this is not made."""
 CHANCE_MARGIN = 0.1
@@ -730,10 +732,23 @@ def expected_best_limit(curve: Curve, v: ContainerView, cores: float, lo: float,
     the measured batch-to-batch noise and what the fit does not know yet."""
     if curve.solve() is None:
         return hi
-    best, best_value = hi, -1.0
     ratio = (hi / lo) ** (1.0 / (TARGET_GRID - 1)) if hi > lo else 1.0
-    for i in range(TARGET_GRID):
-        limit = min(hi, lo * ratio**i)
+    best = _best_on_grid(curve, v, cores, lo, ratio, TARGET_GRID, hi)
+    if ratio > 1.0:
+        # A grid step (about 6 % of a limit) is more than the dead band: between two steps of nearly
+        # equal value the aim would flip with every small change of the fit. Refine around the best.
+        fine = ratio ** (2.0 / (TARGET_FINE - 1))
+        best = _best_on_grid(curve, v, cores, max(lo, best / ratio), fine, TARGET_FINE, min(hi, best * ratio))
+    return best
+
+
+def _best_on_grid(curve: Curve, v: ContainerView, cores: float, start: float, ratio: float, steps: int,
+                  hi: float) -> float:
+    """The limit among start * ratio**i (i < steps, at most hi) with the most P(met) + P(in band),
+    the least CPU on ties."""
+    best, best_value = hi, -1.0
+    for i in range(steps):
+        limit = min(hi, start * ratio**i)
         met, in_band = _chances(curve, v, limit * cores)
         if met + in_band > best_value + 1e-6:
             best, best_value = limit, met + in_band
