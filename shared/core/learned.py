@@ -167,8 +167,9 @@ class Curve:
     k_sd: float = K_PRIOR_SD
     sat_cores: float | None = None
     """Most cores the container has been seen able to use; None: no sign of a ceiling."""
-    suspects: list[float] = field(default_factory=list)
-    """Residuals of the latest consecutive batches beyond OUTLIER_SD (drift watch)."""
+    suspects: list[tuple[float, float, float, float]] = field(default_factory=list)
+    """The latest batch beyond OUTLIER_SD, held out of the fit until the next one tells whether the
+    curve moved (drift watch): (residual, x, y, weight)."""
     fit: tuple[float, float, float, float, float, float] | None = None
     """(theta0, k, var theta0, cov, var k, noise sd) of the last fit."""
     changed_at_s: float | None = None
@@ -669,24 +670,39 @@ class LearnedPolicy(PolicyBase):
 
 
 def _take(curve: Curve, x: float, y: float, w: float, decay: float) -> None:
-    """One observation (log cores, log latency) of weight w: an outlier counts little, and two in a row
-    on the same side of the curve mean it moved (it restarts from the second)."""
+    """One observation (log cores, log latency) of weight w. A batch far off the curve is held out
+    until the next: two in a row on the same side mean the curve moved (it restarts from both);
+    otherwise it joins the fit at a weight that makes it count little. Held out meanwhile, one odd
+    batch never inflates the noise, which would hide the drift it may be the start of."""
     curve.check_back(x, y)
     pred = curve.predict(math.exp(x))
     fit = curve.solve()
-    if pred is not None and fit is not None and curve.n >= 3:
+    if pred is not None and fit is not None and curve.n >= 2:
         resid = y - pred[0]
-        sd = max(fit[5], NOISE_PRIOR)
+        # Surprising against the spread of a batch where the curve is known, and against what the fit
+        # does not know yet where it is not (two batches may put a third limit far off).
+        sd = math.hypot(max(fit[5], NOISE_PRIOR), pred[1])
         if abs(resid) > OUTLIER_SD * sd:
-            curve.suspects.append(resid)
-            if len(curve.suspects) >= 2 and all(r * resid > 0 for r in curve.suspects[-2:]):
+            held = curve.suspects[-1] if curve.suspects else None
+            if held is not None and held[0] * resid > 0:
                 curve.restart()
-                curve.add(x, y, 1.0, decay)
+                curve.add(held[1], held[2], held[3], decay)
+                curve.add(x, y, w, decay)
                 return
-            w *= OUTLIER_SD * sd / abs(resid)  # one odd batch counts little
-        else:
-            curve.suspects.clear()
+            _release(curve, decay)
+            curve.suspects.append((resid, x, y, w))
+            return
+    _release(curve, decay)
     curve.add(x, y, w, decay)
+
+
+def _release(curve: Curve, decay: float) -> None:
+    """A batch held out as a suspect that the next batch did not confirm joins the fit, down-weighted."""
+    for resid, x, y, w in curve.suspects:
+        fit = curve.solve()
+        sd = max(fit[5], NOISE_PRIOR) if fit is not None else NOISE_PRIOR
+        curve.add(x, y, w * min(1.0, OUTLIER_SD * sd / abs(resid)), decay)
+    curve.suspects.clear()
 
 
 def _exp_or_inf(x: float) -> float:

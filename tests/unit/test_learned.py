@@ -417,3 +417,31 @@ def test_the_aim_is_where_the_value_peaks_not_the_nearest_grid_step():
         aim = expected_best_limit(curve, v, cores, 0.05, 1.0)
         off.append(abs(math.log(aim / peak)))
     assert max(off) < 0.012, off
+
+
+def test_one_odd_batch_is_held_out_until_the_next_says_whether_the_curve_moved():
+    # Long batches: two seen, then the work grows 1.7x. The first slow batch used to join the fit
+    # (down-weighted), which still tripled the noise, so the second slow one was no longer odd and
+    # the curve never restarted (random-cluster seed 17: a mixed fit with k 0.72 for 900 s).
+    import math
+
+    from shared.core.learned import Curve, _take
+
+    def two_seen() -> Curve:
+        c = Curve()
+        for y in (150.0, 140.0):
+            _take(c, math.log(0.5), math.log(y), 1.0, 0.917)
+        return c
+
+    drift = two_seen()
+    _take(drift, math.log(0.5), math.log(245.0), 1.0, 0.917)
+    assert drift.n == 2 and len(drift.suspects) == 1 and drift.noise < 0.08
+    _take(drift, math.log(0.5), math.log(250.0), 1.0, 0.917)  # slow again
+    assert drift.n == 2 and not drift.suspects  # restarted from the two slow batches
+    assert math.exp(drift.predict(0.5)[0]) > 200.0
+
+    odd = two_seen()
+    _take(odd, math.log(0.5), math.log(245.0), 1.0, 0.917)
+    _take(odd, math.log(0.5), math.log(147.0), 1.0, 0.917)  # back on the curve: it was one odd batch
+    assert odd.n == 4 and not odd.suspects
+    assert math.exp(odd.predict(0.5)[0]) < 165.0
