@@ -5,10 +5,12 @@ in band is a probability that grows (met) or rises and falls (in band) with
 its limit, so "the most containers met" becomes "the most expected", a
 multiple-choice knapsack: every container picks one limit from a grid, each
 with a cost (CPU beyond its floor) and a value (its expected counts). The
-oracle under noise (it knows every curve and the noise) and the learned
-allocator (its fitted curves and measured noise) both solve it here, so the
-ceiling a policy is measured against and the policy's own solve are one
-algorithm.
+oracle under noise (it knows every curve and the noise) solves it here. The
+learned allocator does not: solved each round on its fitted curves, this
+knapsack gained in band on random clusters but reshuffled limits every few
+rounds (a container's limit moved 4-4.7 times after its own change), and
+a bonus for staying put cost more counts than it saved moves (notes in
+docs/algorithms.md, "The learned allocator").
 
 The method is the classic LP relaxation of the multiple-choice knapsack:
 each container's options are reduced to their upper concave hull (cost
