@@ -84,6 +84,7 @@ MAX_STEP_UNCERTAIN = 2.0
 """While the fit is uncertain a limit moves at most by this factor a round."""
 UNCERTAIN_SD = 0.25
 BEST_EFFORT_DEAD_BAND = 0.25
+"""A container that cannot be met keeps its share unless it would move by more than this."""
 BACK_SD = 2.0
 """After a restart, a batch within this many sd of the curve before it counts towards restoring it."""
 RESTART_WATCH = 6
@@ -101,9 +102,10 @@ CHANCE_MARGIN = 0.1
 SAT_PROBE = 1.5
 """A container that cannot be met may get this many times its seen ceiling (room to show more);
 above 1 / (1 - BEST_EFFORT_DEAD_BAND), so the probe is never held back by the dead band."""
-TOO_FAST_SLACK = 1.5
-"""A container faster than its band at the floor keeps a limit up to this many floors (no trimming)."""
-"""A container that cannot be met keeps its share unless it would move by more than this."""
+TOO_FAST_SLACK = 3.0
+"""A container faster than its band at the floor keeps a limit up to this many floors (no trimming):
+the floor falls as a node fills (1/(2|C|)), and a container that chased it was trimmed at each
+arrival. What it holds over its plan is taken back (largest holdings first) before any plan is cut."""
 
 
 @dataclass(frozen=True, slots=True)
