@@ -396,8 +396,9 @@ class LearnedPolicy(PolicyBase):
         """A batch that ran partly under the previous limit, read as the batch it would have been.
 
         With t1 seconds under c1 cores and t2 under c2, its work would have taken
-        t1 (c1/c2)^k + t2 under c2 alone. Used only when both limits held the
-        batch (it used at least BINDING of what it was allowed), weighted by the
+        t1 (c1/c2)^k + t2 under c2 alone; c1 is what the batch used before the
+        change (its CPU-seconds less c2 t2, over t1). Used only when both limits held
+        the batch (it used at least BINDING of what it was allowed), weighted by the
         share it spent under the new limit: one batch sooner to see a change.
         """
         if b.limit is None or b.prev_limit is None or b.cpu_s is None:
@@ -408,6 +409,12 @@ class LearnedPolicy(PolicyBase):
             return
         c1, c2 = b.prev_limit * cores, b.limit * cores
         if b.cpu_s < BINDING * (c1 * t1 + c2 * t2):
+            return
+        # The first part may itself have run under several limits (a newcomer's share halved twice
+        # within one long batch): what it used there, net of the second part, says how many cores it
+        # had on average, where the last limit before the change alone would misread it.
+        c1 = (b.cpu_s - c2 * t2) / t1
+        if c1 <= 0:
             return
         fit = curve.solve()
         k = fit[1] if fit is not None else curve.k_mean

@@ -463,3 +463,22 @@ def test_one_odd_batch_is_held_out_until_the_next_says_whether_the_curve_moved()
     _take(odd, math.log(0.5), math.log(147.0), 1.0, 0.917)  # back on the curve: it was one odd batch
     assert odd.n == 4 and not odd.suspects
     assert math.exp(odd.predict(0.5)[0]) < 165.0
+
+
+def test_a_batch_that_straddled_several_limits_is_read_from_the_cpu_it_used():
+    # 10 CPU-seconds of work (k = 1) on a 4-core node: 2 s at 2 cores, 4 s at 1 core, then 4 s at
+    # half a core (the limit it finished under). The batch only records the last change (1 -> 0.5
+    # cores at 6 s). Read with 1 core before it, it would say 16 s at half a core; with the 1.33
+    # cores it used before it on average (10 - 0.5 x 4 CPU-seconds over 6 s), 20 s: the truth.
+    import math
+
+    from shared.core.learned import Curve
+    from shared.core.types import BatchObs
+
+    curve = Curve()
+    batch = BatchObs(latency_s=10.0, finished_at_s=110.0, limit=0.125, clean=False, index=3, cpu_s=10.0,
+                     since_s=106.0, prev_limit=0.25)
+    LearnedPolicy._observe_straddled(batch, curve, 4.0, 1.0)
+    assert curve.n == 1
+    assert math.exp(curve.sy / curve.sw) == pytest.approx(20.0)
+    assert math.exp(curve.sx / curve.sw) == pytest.approx(0.5)
