@@ -103,9 +103,11 @@ SAT_PROBE = 1.5
 """A container that cannot be met may get this many times its seen ceiling (room to show more);
 above 1 / (1 - BEST_EFFORT_DEAD_BAND), so the probe is never held back by the dead band."""
 TOO_FAST_SLACK = 3.0
-"""A container faster than its band at the floor keeps a limit up to this many floors (no trimming):
-the floor falls as a node fills (1/(2|C|)), and a container that chased it was trimmed at each
-arrival. What it holds over its plan is taken back (largest holdings first) before any plan is cut."""
+"""A container faster than its band at the floor, once set or kept at a limit as such, keeps it while
+it is at most this many floors (TOO_FAST_FIRST before that: a newcomer's share is trimmed): the floor falls as a
+node fills (1/(2|C|)), and one that chased it was trimmed at each arrival. What it holds over its plan
+is taken back (largest holdings first) before any plan is cut."""
+TOO_FAST_FIRST = 1.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +334,8 @@ class LearnedPolicy(PolicyBase):
         self._interval_s = self.params.initial_interval_s
         self.chance: str | None = None
         """The container left out for room that was given what was left last round."""
+        self.fast_held: dict[str, float] = {}
+        """Containers too fast at the floor, and the limit they were last set or kept at as such."""
 
     def set_params(self, params: LearnedParams) -> None:
         self.params = params
@@ -441,7 +445,9 @@ class LearnedPolicy(PolicyBase):
             new = plan.limit
             if old is not None:
                 if plan.kind == "too fast":
-                    keep = floor <= old <= new * TOO_FAST_SLACK
+                    # Once trimmed as too fast, it is not trimmed again each time the floor falls.
+                    held = math.isclose(self.fast_held.get(v.name, -1.0), old, rel_tol=1e-3)
+                    keep = floor <= old <= new * (TOO_FAST_SLACK if held else TOO_FAST_FIRST)
                 elif plan.kind in ("in band", "learning"):
                     # A move smaller than what the fit can tell apart from noise is not made.
                     at_old = self.curves[v.name].predict(old * cores)
@@ -476,6 +482,7 @@ class LearnedPolicy(PolicyBase):
         overs = sorted(((proposal[n] - plans[n].limit, n) for n in proposal), reverse=True)
         excess = _give_back(proposal, [(over, n) for over, n in overs if over > 0], excess)
         _give_back(proposal, [(proposal[n] - floor, n) for n in sorted(proposal, key=lambda n: -proposal[n])], excess)
+        self.fast_held = {n: proposal[n] for n in proposal if plans[n].kind == "too fast"}
         ups: dict[str, tuple[float | None, str]] = {}
         for v in view.containers:
             new, old, curve = proposal[v.name], v.limit, self.curves[v.name]

@@ -291,7 +291,7 @@ def _decide(policy: LearnedPolicy, limits: dict[str, float], objective_s: float 
 
 def test_rises_of_the_best_effort_give_way_before_a_kept_limit_is_cut():
     # Four containers, floor 1/8. "t" is faster than its band even at the floor and keeps its limit
-    # (up to 3 floors: no trimming); "u" cannot be met and its share rises from 0.15 to 0.25. The
+    # (up to 1.5 floors, no trimming); "u" cannot be met and its share rises from 0.15 to 0.25. The
     # plans sum to the node, so what "t" keeps over its plan comes out of that rise: "t" does not move.
     from shared.core.learned import _Plan
 
@@ -305,20 +305,32 @@ def test_rises_of_the_best_effort_give_way_before_a_kept_limit_is_cut():
 
 
 def test_a_container_too_fast_at_the_floor_is_not_trimmed_as_the_floor_falls_unless_room_is_short():
-    # Four containers, floor 1/8 of the node. "t" is faster than its band even at the floor. It came
-    # in when the node held fewer (a higher floor, or a newcomer's share): at 2.4 floors it stays
-    # where it is while no one is short; at 3.2 floors it is trimmed to the floor; and when the others'
-    # plans need the room, what it holds over its plan is taken back, only as much as they need.
+    # "t" is faster than its band even at the floor. Set at the floor of a node of two (a quarter),
+    # it keeps that limit when two more arrive (the floor falls to an eighth: 2 floors), up to 3
+    # floors; a newcomer's share of 2 floors is trimmed (not yet held as too fast); and when the
+    # others' plans need the room, what it holds over its plan is taken back, only as far as they need.
     from shared.core.learned import _Plan
 
-    def plans(others: float) -> dict:
-        return {"t": _Plan(0.125, "too fast"), **{n: _Plan(others, "learning") for n in "abc"}}
+    def plans(floor: float, others: float, names: str = "abc") -> dict:
+        return {"t": _Plan(floor, "too fast"), **{n: _Plan(others, "learning") for n in names}}
 
-    assert _decide(_FixedPlans(plans(0.2)), {"t": 0.3, "a": 0.2, "b": 0.2, "c": 0.2})["t"] == 0.3
-    assert _decide(_FixedPlans(plans(0.2)), {"t": 0.4, "a": 0.2, "b": 0.2, "c": 0.2})["t"] == 0.125
-    short = _decide(_FixedPlans(plans(0.25)), {"t": 0.3, "a": 0.2, "b": 0.2, "c": 0.2})
-    assert short["t"] == pytest.approx(0.25)
-    assert [short[n] for n in "abc"] == [0.25] * 3
+    def held_at(limit: float) -> _FixedPlans:
+        pol = _FixedPlans(plans(0.25, 0.75, "a"))
+        assert _decide(pol, {"t": limit, "a": 0.75})["t"] == 0.25
+        return pol
+
+    pol = held_at(0.25)
+    pol.fixed = plans(0.125, 0.2)
+    assert _decide(pol, {"t": 0.25, "a": 0.2, "b": 0.2, "c": 0.2})["t"] == 0.25
+    assert _decide(_FixedPlans(plans(0.125, 0.2)), {"t": 0.25, "a": 0.2, "b": 0.2, "c": 0.2})["t"] == 0.125
+    pol = held_at(0.25)
+    pol.fixed = plans(0.08, 0.2)  # a floor of 1/12: 3.1 floors
+    assert _decide(pol, {"t": 0.25, "a": 0.2, "b": 0.2, "c": 0.2})["t"] == 0.08
+    pol = held_at(0.25)
+    pol.fixed = plans(0.125, 0.27)
+    short = _decide(pol, {"t": 0.25, "a": 0.2, "b": 0.2, "c": 0.2})
+    assert short["t"] == pytest.approx(0.19)
+    assert [short[n] for n in "abc"] == [0.27] * 3
     assert sum(short.values()) <= 1.0 + 1e-9
 
 
