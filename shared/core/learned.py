@@ -104,10 +104,11 @@ SAT_PROBE = 1.5
 above 1 / (1 - BEST_EFFORT_DEAD_BAND), so the probe is never held back by the dead band."""
 TOO_FAST_SLACK = 3.0
 """A container faster than its band at the floor, once set or kept at a limit as such, keeps it while
-it is at most this many floors (TOO_FAST_FIRST before that: a newcomer's share is trimmed): the floor falls as a
-node fills (1/(2|C|)), and one that chased it was trimmed at each arrival. What it holds over its plan
-is taken back (largest holdings first) before any plan is cut."""
+it is at most this many floors: the floor falls as a node fills (1/(2|C|)), and one that chased it was
+trimmed at each arrival. What it holds over its plan is taken back (largest holdings first) before
+any plan is cut."""
 TOO_FAST_FIRST = 1.5
+"""The same before it is held as too fast: a newcomer's share past this many floors is trimmed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,9 +401,9 @@ class LearnedPolicy(PolicyBase):
         """A batch that ran partly under the previous limit, read as the batch it would have been.
 
         With t1 seconds under c1 cores and t2 under c2, its work would have taken
-        t1 (c1/c2)^k + t2 under c2 alone; c1 is what the batch used before the
-        change (its CPU-seconds less c2 t2, over t1). Used only when both limits held
-        the batch (it used at least BINDING of what it was allowed), weighted by the
+        t1 (c1/c2)^k + t2 under c2 alone; c1 is the cores the batch used before the
+        change (its CPU-seconds less c2 t2, over t1), not the limit then. Used only when both
+        limits held the batch (it used at least BINDING of what it was allowed), weighted by the
         share it spent under the new limit: one batch sooner to see a change.
         """
         if b.limit is None or b.prev_limit is None or b.cpu_s is None:
@@ -417,12 +418,12 @@ class LearnedPolicy(PolicyBase):
         # The first part may itself have run under several limits (a newcomer's share halved twice
         # within one long batch): what it used there, net of the second part, says how many cores it
         # had on average, where the last limit before the change alone would misread it.
-        c1 = (b.cpu_s - c2 * t2) / t1
-        if c1 <= 0:
+        used_before = (b.cpu_s - c2 * t2) / t1
+        if used_before <= 0:
             return
         fit = curve.solve()
         k = fit[1] if fit is not None else curve.k_mean
-        equiv = t1 * (c1 / c2) ** k + t2
+        equiv = t1 * (used_before / c2) ** k + t2
         _take(curve, math.log(c2), math.log(equiv), 0.5 * t2 / b.latency_s, decay)
 
     # -- deciding ------------------------------------------------------------------------
