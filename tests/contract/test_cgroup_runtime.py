@@ -12,7 +12,9 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -34,20 +36,31 @@ def test_without_root_start_fails_with_a_clear_message():
             print(e)
         """
     )
-    if os.geteuid() == 0:
-        if not shutil.which("setpriv"):
-            pytest.skip("needs setpriv to drop root")
-        argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
-    else:
-        argv = [sys.executable]
-    root_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    done = subprocess.run(
-        [*argv, "-c", code],
-        capture_output=True,
-        text=True,
-        cwd="/",
-        env={**os.environ, "PYTHONPATH": root_dir},
-    )
+    root_dir = Path(__file__).resolve().parents[2]
+    with tempfile.TemporaryDirectory() as tmp:
+        if os.geteuid() == 0:
+            if not shutil.which("setpriv"):
+                pytest.skip("needs setpriv to drop root")
+            # The unprivileged user may not be able to enter the checkout (a clone under a private
+            # home): it imports a world-readable copy of the package instead.
+            os.chmod(tmp, 0o755)
+            shutil.copytree(root_dir / "shared", Path(tmp) / "shared",
+                            ignore=shutil.ignore_patterns("__pycache__"))
+            for d, _, files in os.walk(tmp):
+                os.chmod(d, 0o755)
+                for f in files:
+                    os.chmod(os.path.join(d, f), 0o644)
+            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+            path = tmp
+        else:
+            argv, path = [sys.executable], str(root_dir)
+        done = subprocess.run(
+            [*argv, "-c", code],
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env={**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().startswith(
         "the cgroup runtime needs root: cannot write /sys/fs/cgroup/"
