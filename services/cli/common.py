@@ -7,6 +7,7 @@ they all need lives here, below them.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -23,6 +24,23 @@ from shared.settings import DEFAULT_NATS_URL
 
 class CliError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
+
+
+def parse_assignments(items: list[str]) -> dict[str, float]:
+    """NAME=VALUE pairs as numbers; CliError naming the first bad one."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise CliError(f"expected NAME=VALUE, got {item!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise CliError(f"{name}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise CliError(f"{name}: must be a finite number, got {value!r}")
+        out[name] = number
+    return out
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import math
 import signal
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 import orjson
 
-from services.cli.common import CliError, connect, emit_json, resolve_url
+from services.cli.common import CliError, connect, emit_json, parse_assignments, resolve_url
 from shared import auth, subjects
 from shared.bus import Bus, BusError, NoResponders, RequestTimeout
 from shared.core import registry
@@ -316,23 +315,6 @@ def cmd_target_clear(args: argparse.Namespace) -> int:
 
 
 # -- control -------------------------------------------------------------------------------
-
-
-def parse_assignments(items: list[str]) -> dict[str, float]:
-    """NAME=VALUE pairs as numbers; CliError naming the first bad one."""
-    out: dict[str, float] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise CliError(f"expected NAME=VALUE, got {item!r}")
-        try:
-            number = float(value)
-        except ValueError:
-            raise CliError(f"{name}: expected a number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise CliError(f"{name}: must be a finite number, got {value!r}")
-        out[name] = number
-    return out
 
 
 def check_against_registry(policy: str, asked: dict[str, float]) -> None:
