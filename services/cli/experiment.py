@@ -12,10 +12,10 @@ import json
 import sys
 from pathlib import Path
 
-from experiments import real, report, threads, training_calibrate, training_real, weights
+from experiments import real, replay, report, threads, training_calibrate, training_real, weights
 from experiments import training as training_exp
 from experiments.common import update_section
-from services.cli.common import CliError, emit_json, parse_seeds, profiles_from
+from services.cli.common import CliError, emit_json, parse_assignments, parse_seeds, profiles_from
 from services.cli.progress import Progress
 from shared.core import registry
 from shared.core.profiles import ModelProfile
@@ -289,6 +289,26 @@ def cmd_real(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    if args.policy not in registry.names():
+        raise CliError(f"--policy: choose from {', '.join(registry.names())}")
+    settings = parse_assignments(args.set)
+    try:
+        rows, cores = replay.load_run(args.run_dir, args.policy)
+        res = replay.replay(rows, args.policy, cores, settings)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    if args.json:
+        emit_json(res)
+    else:
+        print(replay.render(res))
+        if args.changes:
+            for c in res["changes"]:
+                print(f"{c['t_s']:8.2f} s  {c['container']}  {c['old_limit']:.4f} -> {c['new_limit']:.4f}  "
+                      f"{c['reason']}")
+    return 0
+
+
 POLICIES_HELP = ("policies (inference scenarios):\n" + registry.describe()
                  + "\npolicies (training scenarios, flowcon-*):\n" + registry.describe("training"))
 
@@ -410,6 +430,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
     p.set_defaults(func=cmd_real)
+
+    p = es.add_parser(
+        "replay", help="replay a recorded real run through a policy with other settings",
+        description="Feed the batches a `dqoes experiment real --out DIR` run recorded, at their times, to a "
+        "fresh policy and run its rounds when the worker ran them; count the limit changes it makes. With the "
+        "run's own settings the decisions come out as recorded; with others it says which limits would have "
+        "moved. Open loop: batches under limits never set are not known, so it says nothing of met or in band.",
+        epilog="example: dqoes experiment replay runs/real-3p-2511 --policy learned half_life_s=60")
+    p.add_argument("run_dir", metavar="DIR", help="a directory written by `dqoes experiment real --out`")
+    p.add_argument("set", nargs="*", metavar="NAME=VALUE", help="the policy's parameters to change")
+    p.add_argument("--policy", default="learned", help="whose record to replay (default learned)")
+    p.add_argument("--changes", action="store_true", help="also list every replayed change with its reason")
+    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
+    p.set_defaults(func=cmd_replay)
 
     t = threads.ThreadsOptions()
     p = es.add_parser(

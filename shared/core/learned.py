@@ -22,7 +22,8 @@ The model (docs/algorithms.md, "The learned allocator"):
   saturated (threads, I/O): more CPU beyond what it used does not help;
 - a batch that straddled a limit change is read as the batch it would have
   been under the new limit (or dropped when a limit did not hold it), the first batch (warm-up)
-  counts a little, older batches fade (half-life in batches), outliers are
+  counts a little, older batches fade (half-life in batches, and with
+  `half_life_s` not sooner than that many seconds), outliers are
   down-weighted, and two consecutive batches far off the curve on the same
   side mean the curve moved (drift): the model restarts from them.
 
@@ -123,6 +124,10 @@ class LearnedParams(BaseParams):
     """T_R: the most any one limit may be, as a fraction of the node (as DQoES's)."""
     half_life_batches: float = 8.0
     """Observations lose half their weight after this many newer batches (follows drift)."""
+    half_life_s: float = 0.0
+    """... and not sooner than this many seconds of batches (0: no floor). For containers whose batches
+    take well under a second: eight of them are a few seconds, and a limit set from so short a memory
+    follows noise that lasts a second or two (docs/algorithms.md, "Memory in seconds")."""
     confidence_z: float = 1.0
     """Margin, in standard deviations of the fitted curve, added to every container's need."""
     dead_band: float = 0.05
@@ -142,7 +147,8 @@ class LearnedParams(BaseParams):
         if self.max_interval_s < self.initial_interval_s:
             raise ValueError("max_interval_s must be >= initial_interval_s")
         check_total_resource(self.total_resource)
-        for name, lo, hi in (("half_life_batches", 1.0, 1000.0), ("confidence_z", 0.0, 5.0),
+        for name, lo, hi in (("half_life_batches", 1.0, 1000.0), ("half_life_s", 0.0, 3600.0),
+                             ("confidence_z", 0.0, 5.0),
                              ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0),
                              ("expected_aim", 0.0, 1.0)):
             v = getattr(self, name)
@@ -369,8 +375,8 @@ class LearnedPolicy(PolicyBase):
         return c
 
     def _observe(self, v: ContainerView, curve: Curve, cores: float, node_busy: float) -> None:
-        decay = 0.5 ** (1.0 / self.params.half_life_batches)
         for b in v.batches:
+            decay = self._decay(b.latency_s)
             if not b.clean:
                 self._observe_straddled(b, curve, cores, decay)
                 continue
@@ -395,6 +401,12 @@ class LearnedPolicy(PolicyBase):
             else:
                 continue
             _take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, decay)
+
+    def _decay(self, latency_s: float) -> float:
+        """What the weights keep as one more batch of `latency_s` comes in."""
+        p = self.params
+        per_batch = 1.0 / p.half_life_batches
+        return 0.5 ** (min(per_batch, latency_s / p.half_life_s) if p.half_life_s > 0 else per_batch)
 
     @staticmethod
     def _observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: float) -> None:

@@ -1,0 +1,151 @@
+"""Replay a recorded real run through a policy: what it would have decided with other settings.
+
+Why: a run on a real node takes ten minutes a policy and never repeats exactly
+(the machine, its neighbours, the noise); the batches it recorded do. `dqoes
+experiment real` writes every batch the workloads reported and every round the
+worker published; this module feeds the batches, at their times, to a fresh
+policy in a `NodeController` and runs its rounds when the worker ran them.
+
+Replayed with the settings the run used, the decisions come out as recorded
+(which checks that the record holds everything the policy read). With other
+settings it answers "would the limits have moved": the policy reads each batch
+under the limit actually in force then (its latency came from that limit) and
+decides from the limits it set itself. It is open loop: how batches would have
+run under limits that were never set is not known, so it says nothing about
+how many containers would have been met.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from shared.core import registry
+from shared.core.controller import NodeController
+
+SAME_LIMIT = 1e-4
+"""Limits closer than this (relative) are the same limit: a runtime rounds what it applies (Docker to
+a billionth of a core, the worker's record to a millionth of the node)."""
+
+
+def load_run(run_dir: str | Path, policy: str) -> tuple[list[dict[str, Any]], float]:
+    """The rows `dqoes experiment real --out DIR` recorded for `policy`, and the node's cores."""
+    d = Path(run_dir)
+    summary, rows_path = d / "summary.json", d / f"{policy}.jsonl"
+    if not summary.is_file():
+        raise ValueError(f"{summary}: no such file (a directory written by `dqoes experiment real --out`)")
+    if not rows_path.is_file():
+        raise ValueError(f"{rows_path}: no such file (was {policy} one of the run's policies?)")
+    cores = float(json.loads(summary.read_text())["cores"])
+    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
+    return rows, cores
+
+
+def check_settings(policy: str, settings: Mapping[str, float]) -> None:
+    """ValueError for a name `policy` does not have or a value it refuses."""
+    unknown = sorted(set(settings) - set(registry.param_names(policy)))
+    if unknown:
+        raise ValueError(f"{policy} has no parameter {', '.join(unknown)} "
+                         f"(it has {', '.join(registry.param_names(policy))})")
+    registry.params_for(policy, settings)
+
+
+def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
+           settings: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Feed the recorded batches and rounds to `policy` (with `settings`); count the changes it makes.
+
+    Per container: `recorded` changes the run made, `replayed` changes the policy makes from its own
+    limits, and `agree` the rounds where it chose the limit the run set. `changes` lists the
+    replayed changes (time, container, old and new limit, reason).
+    """
+    settings = dict(settings or {})
+    check_settings(policy, settings)
+    ctl = NodeController("replay", cores, registry.build(policy, settings))
+    rows = list(rows)
+    batches = [(r["t_s"], 0, r) for r in rows if r.get("kind") == "batch"]
+    rounds = [(r["t_s"], 1, r) for r in rows if r.get("kind") == "decision"]
+    states = [r for r in rows if r.get("kind") == "state"]
+    if not rounds:
+        raise ValueError("the record has no rounds (decision rows): nothing to replay")
+    objectives: dict[str, float] = {}
+    for s in states:
+        for name, c in s.get("containers", {}).items():
+            if c.get("objective_s") is not None:
+                objectives.setdefault(name, float(c["objective_s"]))
+    run_limit: dict[str, float | None] = {}
+    own: dict[str, float | None] = {}
+    cpu_total: dict[str, float] = {}
+    last_t = 0.0
+    per = {n: {"recorded": 0, "replayed": 0, "agree": 0, "rounds": 0} for n in objectives}
+    changes: list[dict[str, Any]] = []
+    for t, _, r in sorted(batches + rounds, key=lambda e: (e[0], e[1])):
+        if r["kind"] == "batch":
+            tr = ctl.containers.get(r["container"])
+            if tr is not None:
+                tr.limit = run_limit.get(r["container"])  # the batch ran under the run's limit
+                ctl.record_latency(r["container"], r["latency_s"], t, r.get("cpu_s"))
+            continue
+        seen = r["containers"]
+        for name, c in seen.items():
+            if name not in ctl.containers and name in objectives:
+                ctl.add(name, t, objective_s=objectives[name], cpu_total_s=0.0, limit=c["old_limit"])
+                cpu_total[name] = 0.0
+                run_limit[name] = own[name] = c["old_limit"]
+            if c.get("cpu_share") is not None and name in cpu_total:
+                cpu_total[name] += c["cpu_share"] * (t - last_t) * cores
+        for gone in [n for n in ctl.containers if n not in seen]:
+            ctl.remove(gone, t)
+        last_t = t
+        since = {}
+        for name, tr in ctl.containers.items():
+            since[name] = (tr.limit_since_s, tr.prev_limit)
+            in_force = seen[name]["old_limit"]
+            if _same(own[name], in_force):
+                own[name] = in_force  # the same limit, as the runtime rounded it
+            tr.limit = own[name]  # it decides from the limits it set
+        decision = ctl.run_round(t, cpu_total)
+        for cd in decision.containers:
+            rec, tr, count = seen[cd.name], ctl.containers[cd.name], per[cd.name]
+            count["rounds"] += 1
+            if _same(cd.new_limit, rec["new_limit"]):
+                count["agree"] += 1
+            if not _same(cd.new_limit, cd.old_limit) and cd.old_limit is not None:
+                count["replayed"] += 1
+                changes.append({"t_s": t, "container": cd.name, "old_limit": cd.old_limit,
+                                "new_limit": cd.new_limit, "reason": cd.reason})
+            own[cd.name] = cd.new_limit
+            # What the next batches ran under, and when that limit came: as the run had it.
+            tr.limit = run_limit[cd.name] = rec["new_limit"]
+            if rec["old_limit"] is not None and not _same(rec["new_limit"], rec["old_limit"]):
+                count["recorded"] += 1
+                tr.limit_since_s, tr.prev_limit = t, rec["old_limit"]
+            else:
+                tr.limit_since_s, tr.prev_limit = since[cd.name]
+    total_rounds = sum(c["rounds"] for c in per.values())
+    return {
+        "policy": policy, "settings": settings, "cores": cores, "rounds": len(rounds),
+        "containers": per,
+        "recorded_changes": sum(c["recorded"] for c in per.values()),
+        "replayed_changes": sum(c["replayed"] for c in per.values()),
+        "agreement": sum(c["agree"] for c in per.values()) / total_rounds if total_rounds else math.nan,
+        "changes": changes,
+    }
+
+
+def _same(a: float | None, b: float | None) -> bool:
+    return a == b or (a is not None and b is not None and abs(a - b) <= SAME_LIMIT * max(abs(a), abs(b)))
+
+
+def render(res: Mapping[str, Any]) -> str:
+    """A table for people: limit changes per container, recorded and replayed."""
+    settings = ", ".join(f"{k}={v:g}" for k, v in res["settings"].items()) or "its defaults"
+    lines = [f"{res['policy']} replayed with {settings} over {res['rounds']} recorded rounds "
+             f"({res['cores']:g} cores): it chose the run's limit in {res['agreement']:.1%} of container-rounds",
+             "", "| container | limit changes in the run | replayed | rounds agreeing |", "|---|---|---|---|"]
+    for name, c in sorted(res["containers"].items()):
+        lines.append(f"| {name} | {c['recorded']} | {c['replayed']} | {c['agree']}/{c['rounds']} |")
+    lines.append(f"| all | {res['recorded_changes']} | {res['replayed_changes']} | |")
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""`dqoes experiment replay`: a recorded run replayed through the policy that made it.
+
+The record is made here the way `dqoes experiment real` writes one (state,
+decision and batch rows, times in seconds), from a NodeController running the
+learned allocator on three containers whose batch latency wanders (a slow
+random walk of sd 0.08 in log latency, plus white noise), so what the replay
+must reproduce is known exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from experiments import replay
+from services.cli.main import main
+from shared.core import registry
+from shared.core.controller import NodeController
+
+CORES = 2.0
+WORK_CPU_S = {"fast": 0.3, "mid": 0.6, "slow": 1.5}
+OBJECTIVE_S = {"fast": 0.6, "mid": 1.0, "slow": 3.0}
+
+
+def record(duration_s: float = 600.0, seed: int = 3, tau_s: float = 2.0, sd: float = 0.08) -> list[dict]:
+    """Rows as `experiment real` records them, from a learned worker on wandering batches."""
+    rng = random.Random(seed)
+    ctl = NodeController("n", CORES, registry.build("learned"))
+    rows: list[dict] = [{"kind": "state", "t_s": 0.0, "containers": {
+        n: {"objective_s": o, "limit": None} for n, o in OBJECTIVE_S.items()}}]
+    for n in WORK_CPU_S:
+        ctl.add(n, 0.0, objective_s=OBJECTIVE_S[n], cpu_total_s=0.0, limit=0.25)
+    t, dt = 0.0, 0.05
+    due = dict.fromkeys(WORK_CPU_S, 0.0)
+    drift = dict.fromkeys(WORK_CPU_S, 0.0)
+    used = dict.fromkeys(WORK_CPU_S, 0.0)
+    index = dict.fromkeys(WORK_CPU_S, 0)
+    while t < duration_s:
+        if ctl.due(t):
+            d = ctl.run_round(t, used)
+            rows.append({"kind": "decision", "t_s": t, "round": ctl.rounds, "event": d.event,
+                         "interval_s": d.interval_s, "containers": {
+                             c.name: {"old_limit": c.old_limit, "new_limit": c.new_limit, "latency_s": c.latency_s,
+                                      "cpu_share": c.cpu_share, "reason": c.reason} for c in d.containers}})
+        t += dt
+        keep = math.exp(-dt / tau_s)
+        for n in WORK_CPU_S:
+            drift[n] = keep * drift[n] + math.sqrt(1 - keep * keep) * sd * rng.gauss(0, 1)
+            if t < due[n]:
+                continue
+            latency_s = WORK_CPU_S[n] / (ctl.containers[n].limit * CORES) * math.exp(drift[n] + 0.03 * rng.gauss(0, 1))
+            if index[n] > 0:  # the first is the start, not a batch
+                cpu_s = WORK_CPU_S[n] * math.exp(0.02 * rng.gauss(0, 1))
+                used[n] += cpu_s
+                ctl.record_latency(n, latency_s, t, cpu_s)
+                rows.append({"kind": "batch", "t_s": t, "container": n, "latency_s": latency_s, "cpu_s": cpu_s,
+                             "batch": index[n] - 1})
+            index[n] += 1
+            due[n] = t + latency_s
+    return rows
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("real-run")
+    (d / "summary.json").write_text(json.dumps({"cores": CORES, "runtime": "docker"}))
+    (d / "learned.jsonl").write_text("".join(json.dumps(r) + "\n" for r in record()))
+    return d
+
+
+def test_replayed_with_the_runs_settings_every_decision_comes_out_as_recorded(run_dir):
+    rows, cores = replay.load_run(run_dir, "learned")
+    res = replay.replay(rows, "learned", cores)
+    assert res["recorded_changes"] > 10  # the record is worth replaying: limits moved
+    assert res["agreement"] == 1.0
+    for name, c in res["containers"].items():
+        assert c["replayed"] == c["recorded"], name
+
+
+def test_a_memory_in_seconds_keeps_a_fast_containers_limit_from_following_its_noise(run_dir):
+    rows, cores = replay.load_run(run_dir, "learned")
+    base = replay.replay(rows, "learned", cores)["containers"]["fast"]
+    longer = replay.replay(rows, "learned", cores, {"half_life_s": 60.0})["containers"]["fast"]
+    # Eight half-second batches are four seconds: noise lasting two seconds moves the limit.
+    assert longer["replayed"] * 2 <= base["replayed"], (base, longer)
+
+
+def test_bad_settings_and_missing_records_are_clear_errors(run_dir, tmp_path):
+    rows, cores = replay.load_run(run_dir, "learned")
+    with pytest.raises(ValueError, match="has no parameter half_life"):
+        replay.replay(rows, "learned", cores, {"half_life": 60.0})
+    with pytest.raises(ValueError, match="half_life_s must be"):
+        replay.replay(rows, "learned", cores, {"half_life_s": -1.0})
+    with pytest.raises(ValueError, match="no such file"):
+        replay.load_run(tmp_path, "learned")
+    with pytest.raises(ValueError, match="no rounds"):
+        replay.replay([r for r in rows if r["kind"] != "decision"], "learned", cores)
+
+
+def test_the_command_prints_a_table_or_one_json_object(run_dir, capsys):
+    assert main(["experiment", "replay", str(run_dir), "half_life_s=60", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["settings"] == {"half_life_s": 60.0} and set(out["containers"]) == set(WORK_CPU_S)
+    assert main(["experiment", "replay", str(run_dir), "--changes"]) == 0
+    text = capsys.readouterr().out
+    assert "| fast |" in text and "learned: " in text
+    assert main(["experiment", "replay", str(run_dir), "half_life=1"]) == 2
+    assert "has no parameter half_life" in capsys.readouterr().err
