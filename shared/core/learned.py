@@ -22,8 +22,9 @@ The model (docs/algorithms.md, "The learned allocator"):
   saturated (threads, I/O): more CPU beyond what it used does not help;
 - a batch that straddled a limit change is read as the batch it would have
   been under the new limit (or dropped when a limit did not hold it), the first batch (warm-up)
-  counts a little, older batches fade (half-life in batches, and with
-  `half_life_s` not sooner than that many seconds), outliers are
+  counts a little, older batches fade (half-life in batches; a second memory
+  of at least `half_life_s` seconds is used instead while it foresees the
+  container's batches better), outliers are
   down-weighted, and two consecutive batches far off the curve on the same
   side mean the curve moved (drift): the model restarts from them.
 
@@ -110,6 +111,9 @@ trimmed at each arrival. What it holds over its plan is taken back (largest hold
 any plan is cut."""
 TOO_FAST_FIRST = 1.5
 """The same before it is held as too fast: a newcomer's share past this many floors is trimmed."""
+SWITCH_EVIDENCE = 0.02
+"""A container's fit changes memory once the other foresaw its batches better by this share of both
+memories' squared errors (about 4 % of the mean squared error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,10 +128,10 @@ class LearnedParams(BaseParams):
     """T_R: the most any one limit may be, as a fraction of the node (as DQoES's)."""
     half_life_batches: float = 8.0
     """Observations lose half their weight after this many newer batches (follows drift)."""
-    half_life_s: float = 0.0
-    """... and not sooner than this many seconds of batches (0: no floor). For containers whose batches
-    take well under a second: eight of them are a few seconds, and a limit set from so short a memory
-    follows noise that lasts a second or two (docs/algorithms.md, "Memory in seconds")."""
+    half_life_s: float = 60.0
+    """A second, longer memory: observations keep half their weight for at least this many seconds of
+    batches (0: none). A container's fit uses it while it foresees the container's batches better than
+    the memory in batches (docs/algorithms.md, "Memory in seconds")."""
     confidence_z: float = 1.0
     """Margin, in standard deviations of the fitted curve, added to every container's need."""
     dead_band: float = 0.05
@@ -171,6 +175,17 @@ class Curve:
     syy: float = 0.0
     n: int = 0
     """Observations taken (not weighted)."""
+    long_sums: list[float] = field(default_factory=lambda: [0.0] * 7)
+    """The same sums (sw, sw2, sx, sy, sxx, sxy, syy) over the longer memory (`half_life_s`)."""
+    long_active: bool = False
+    """The fit uses the longer memory: it foresaw this container's batches better."""
+    foresight: tuple[float, float, float, float] | None = None
+    """(limit set last, in cores; mean log latency there by the short memory; by the long one; when)."""
+    evidence: float = 0.0
+    """Decayed sum, over batches under the limit set last, of the short memory's squared error less
+    the long one's: above SWITCH_EVIDENCE x `spread`, the long one foresaw them better."""
+    spread: float = 0.0
+    """Decayed sum of both memories' squared errors (the scale of `evidence`)."""
     theta_mean: float = 0.0
     theta_sd: float = math.inf
     """Prior on theta0 (log CPU-seconds at one core); infinite: none."""
@@ -205,7 +220,13 @@ class Curve:
         f = self.solve()
         return f[5] if f is not None else NOISE_PRIOR
 
-    def add(self, x: float, y: float, w: float, decay: float) -> None:
+    def add(self, x: float, y: float, w: float, decay: tuple[float, float]) -> None:
+        """One observation into both memories; `decay` is what each keeps of its past."""
+        d, dl = decay
+        ls = self.long_sums
+        for i, v in enumerate((w, w * w, w * x, w * y, w * x * x, w * x * y, w * y * y)):
+            ls[i] = ls[i] * (dl * dl if i == 1 else dl) + v
+        decay = d
         self.sw = self.sw * decay + w
         self.sw2 = self.sw2 * decay * decay + w * w
         self.sx = self.sx * decay + w * x
@@ -220,11 +241,14 @@ class Curve:
         """Forget every observation (the curve moved); keep what was learnt of k as a prior, and the
         curve itself for a few batches, in case the move was a passing slow spell."""
         f = self.solve()
-        self.before = dataclasses.replace(self, suspects=[], before=None) if f is not None and self.n >= 3 else None
+        self.before = (dataclasses.replace(self, suspects=[], before=None, long_sums=list(self.long_sums))
+                       if f is not None and self.n >= 3 else None)
         self.since_restart = self.back = 0
         if f is not None and self.n >= 3:
             self.k_mean, self.k_sd = f[1], max(0.1, math.sqrt(f[4]))
         self.sw = self.sw2 = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+        self.long_sums = [0.0] * 7
+        self.foresight = None
         self.n = 0
         self.theta_sd = math.inf
         self.suspects.clear()
@@ -243,7 +267,8 @@ class Curve:
         else:
             self.back = 0
         if self.back >= 2:
-            for name in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd"):
+            for name in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd",
+                         "long_sums"):
                 setattr(self, name, getattr(old, name))
             self.before, self.fit = None, None
         elif self.since_restart >= RESTART_WATCH:
@@ -251,13 +276,19 @@ class Curve:
 
     def solve(self) -> tuple[float, float, float, float, float, float] | None:
         """Posterior of (theta0, k) and the noise sd, or None with no observation at all."""
-        if self.fit is not None:
-            return self.fit
-        if self.sw <= 0:
+        if self.fit is None:
+            self.fit = self.solve_memory(self.long_active)
+        return self.fit
+
+    def solve_memory(self, long: bool) -> tuple[float, float, float, float, float, float] | None:
+        """The fit over the short memory (half-life in batches) or the long one (`half_life_s`)."""
+        sw, sw2, sx, sy, sxx, sxy, syy = (self.long_sums if long else
+                                          (self.sw, self.sw2, self.sx, self.sy, self.sxx, self.sxy, self.syy))
+        if sw <= 0:
             return None
         # y = theta0 - k x: design row (1, -x).
-        a11, a12, a22 = self.sw, -self.sx, self.sxx
-        b1, b2 = self.sy, -self.sxy
+        a11, a12, a22 = sw, -sx, sxx
+        b1, b2 = sy, -sxy
         # Noise from the weighted residuals of the plain fit (prior NOISE_PRIOR).
         sigma2 = NOISE_PRIOR**2
         for _ in range(2):
@@ -272,20 +303,19 @@ class Curve:
             theta = (p22 * r1 - p12 * r2) / det
             k = (p11 * r2 - p12 * r1) / det
             # Weighted residual sum of squares of y - (theta - k x).
-            rss = (self.syy - 2 * theta * self.sy + 2 * k * self.sxy + theta * theta * self.sw
-                   - 2 * theta * k * self.sx + k * k * self.sxx)
+            rss = syy - 2 * theta * sy + 2 * k * sxy + theta * theta * sw - 2 * theta * k * sx + k * k * sxx
             # The fit took some of the spread: divide by the weight left once its effective parameters
             # (2 less what the priors pin down) have taken their share of it, each sw2 / sw.
             dof = 2.0 - (0.0 if math.isinf(self.theta_sd) else p22 / det / self.theta_sd**2) - p11 / det / self.k_sd**2
-            left = max(0.0, self.sw - dof * self.sw2 / self.sw)
+            left = max(0.0, sw - dof * sw2 / sw)
             sigma2 = (max(0.0, rss) + NOISE_PSEUDO * NOISE_PRIOR**2) / (left + NOISE_PSEUDO)
         k = min(K_RANGE[1], max(K_RANGE[0], k))
-        self.fit = (theta, k, p22 / det, -p12 / det, p11 / det, math.sqrt(sigma2))
-        return self.fit
+        return (theta, k, p22 / det, -p12 / det, p11 / det, math.sqrt(sigma2))
 
-    def predict(self, cores: float) -> tuple[float, float] | None:
-        """(mean, model sd) of log latency with `cores`, or None before any observation."""
-        f = self.solve()
+    def predict(self, cores: float, fit: tuple[float, ...] | None = None) -> tuple[float, float] | None:
+        """(mean, model sd) of log latency with `cores` (by `fit`, else the curve's own), or None before
+        any observation."""
+        f = fit or self.solve()
         if f is None:
             return None
         theta, k, v11, v12, v22, _ = f
@@ -380,6 +410,7 @@ class LearnedPolicy(PolicyBase):
             if not b.clean:
                 self._observe_straddled(b, curve, cores, decay)
                 continue
+            _weigh_memories(curve, b, cores, decay[1], self.params.initial_interval_s)
             curve.last_clean_s = b.finished_at_s
             curve.batch_s = b.latency_s
             limit_cores = None if b.limit is None else b.limit * cores
@@ -402,14 +433,15 @@ class LearnedPolicy(PolicyBase):
                 continue
             _take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, decay)
 
-    def _decay(self, latency_s: float) -> float:
-        """What the weights keep as one more batch of `latency_s` comes in."""
+    def _decay(self, latency_s: float) -> tuple[float, float]:
+        """What each memory (in batches; in seconds) keeps of its past as one more batch of `latency_s`
+        comes in."""
         p = self.params
         per_batch = 1.0 / p.half_life_batches
-        return 0.5 ** (min(per_batch, latency_s / p.half_life_s) if p.half_life_s > 0 else per_batch)
+        return 0.5**per_batch, 0.5 ** (min(per_batch, latency_s / p.half_life_s) if p.half_life_s > 0 else per_batch)
 
     @staticmethod
-    def _observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: float) -> None:
+    def _observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: tuple[float, float]) -> None:
         """A batch that ran partly under the previous limit, read as the batch it would have been.
 
         With t1 seconds under c1 cores and t2 under c2, its work would have taken
@@ -502,6 +534,7 @@ class LearnedPolicy(PolicyBase):
             fit, at = curve.solve(), curve.predict(new * cores)
             curve.expected = None if fit is None or at is None else (at[0], OUTLIER_SD * max(fit[5], NOISE_PRIOR) + at[1])
             curve.strikes = 0
+            curve.foresight = _foresee(curve, new * cores, view.now_s) if new is not None else None
             if new != old:
                 curve.changed_at_s = view.now_s
                 lat = curve.predict(new * cores)
@@ -698,7 +731,24 @@ class LearnedPolicy(PolicyBase):
         return self._interval_s
 
 
-def _take(curve: Curve, x: float, y: float, w: float, decay: float) -> None:
+def _weigh_memories(curve: Curve, b: BatchObs, cores: float, decay: float, horizon_s: float) -> None:
+    """Score both memories on a clean batch under the limit set last, against what each foresaw at
+    most `horizon_s` before; the fit follows the one that foresees better, with a margin either way."""
+    seen = curve.foresight
+    if seen is None or b.limit is None or not math.isclose(b.limit * cores, seen[0], rel_tol=1e-4):
+        return
+    if b.finished_at_s - seen[3] > horizon_s:
+        curve.foresight = _foresee(curve, seen[0], b.finished_at_s)
+    y = math.log(b.latency_s)
+    short, long = (y - seen[1]) ** 2, (y - seen[2]) ** 2
+    curve.evidence = curve.evidence * decay + short - long
+    curve.spread = curve.spread * decay + short + long
+    if curve.long_active != (curve.evidence > 0) and abs(curve.evidence) > SWITCH_EVIDENCE * curve.spread:
+        curve.long_active = not curve.long_active
+        curve.fit = None
+
+
+def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float]) -> None:
     """One observation (log cores, log latency) of weight w. A batch far off the curve is held out
     until the next: two in a row on the same side mean the curve moved (it restarts from both);
     otherwise it joins the fit at a weight that makes it count little. Held out meanwhile, one odd
@@ -725,13 +775,23 @@ def _take(curve: Curve, x: float, y: float, w: float, decay: float) -> None:
     curve.add(x, y, w, decay)
 
 
-def _release(curve: Curve, decay: float) -> None:
+def _release(curve: Curve, decay: tuple[float, float]) -> None:
     """A batch held out as a suspect that the next batch did not confirm joins the fit, down-weighted."""
     for resid, x, y, w in curve.suspects:
         fit = curve.solve()
         sd = max(fit[5], NOISE_PRIOR) if fit is not None else NOISE_PRIOR
         curve.add(x, y, w * min(1.0, OUTLIER_SD * sd / abs(resid)), decay)
     curve.suspects.clear()
+
+
+def _foresee(curve: Curve, cores: float, now_s: float) -> tuple[float, float, float, float] | None:
+    """What each memory expects of the batches at `cores` (None while either has no fit, or both are
+    the same memory)."""
+    short, long = curve.solve_memory(False), curve.solve_memory(True)
+    if short is None or long is None or short == long:
+        return None
+    a, b = curve.predict(cores, short), curve.predict(cores, long)
+    return None if a is None or b is None else (cores, a[0], b[0], now_s)
 
 
 def _exp_or_inf(x: float) -> float:

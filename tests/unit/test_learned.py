@@ -348,7 +348,7 @@ def test_a_container_in_band_is_not_trimmed_for_a_chance_it_barely_gains():
         curve = pol._curve("x")
         for i in range(40):
             cores = (0.8, 1.0, 1.25, 1.6)[i % 4]
-            curve.add(math.log(cores), math.log(10.0 / cores) + (0.08 if i % 8 < 4 else -0.08), 1.0, 1.0)
+            curve.add(math.log(cores), math.log(10.0 / cores) + (0.08 if i % 8 < 4 else -0.08), 1.0, (1.0, 1.0))
         return pol
 
     assert _decide(policy_with_curve(0.25), {"x": 1.06 / 4, "y": 0.25})["x"] == 1.06 / 4
@@ -366,7 +366,7 @@ def test_a_container_far_faster_than_its_band_is_trimmed_even_when_the_step_is_w
     pol = _FixedPlans({"x": _Plan(0.125, "in band"), "y": _Plan(0.25, "unachievable")})
     curve = pol._curve("x")
     for i in range(20):
-        curve.add(0.0, math.log(10.0) + (0.08 if i % 2 else -0.08), 1.0, 1.0)
+        curve.add(0.0, math.log(10.0) + (0.08 if i % 2 else -0.08), 1.0, (1.0, 1.0))
     assert _decide(pol, {"x": 0.25, "y": 0.25}, objective_s=40.0)["x"] == 0.125
 
 
@@ -401,7 +401,7 @@ def test_a_container_met_more_often_than_not_at_its_ceiling_gets_its_ceiling():
     curve = policy._curve("x")
     for i in range(40):
         cores = (0.5, 0.7, 0.85, 1.0)[i % 4]
-        curve.add(math.log(cores), math.log(10.0 / cores) + (0.06 if i % 8 < 4 else -0.06), 1.0, 1.0)
+        curve.add(math.log(cores), math.log(10.0 / cores) + (0.06 if i % 8 < 4 else -0.06), 1.0, (1.0, 1.0))
     curve.sat_cores = 1.0
     policy._curve("y")  # no batch yet: still learning
     views = _views({"x": 0.25, "y": 0.25}, objective_s=9.3)
@@ -419,8 +419,8 @@ def test_a_wild_first_fit_is_unachievable_not_an_overflow():
     from shared.core.learned import Curve
 
     c = Curve()
-    c.add(-699.0, math.log(0.5), 0.3, 1.0)
-    c.add(-697.0, math.log(63.0), 1.0, 1.0)
+    c.add(-699.0, math.log(0.5), 0.3, (1.0, 1.0))
+    c.add(-697.0, math.log(63.0), 1.0, (1.0, 1.0))
     assert c.cores_for(1.0, 0.0) == math.inf
     assert c.cores_for(1.0, 1.0) == math.inf
 
@@ -436,7 +436,7 @@ def test_the_aim_is_where_the_value_peaks_not_the_nearest_grid_step():
 
     curve = Curve()
     for limit, latency in ((0.5, 8.0), (1.0, 4.1), (2.0, 2.0), (1.5, 2.8), (0.8, 5.0)):
-        curve.add(math.log(limit), math.log(latency), 1.0, 1.0)
+        curve.add(math.log(limit), math.log(latency), 1.0, (1.0, 1.0))
     cores, off = 6.0, []
     for i in range(20):
         objective = 3.0 + 0.17 * i
@@ -460,19 +460,19 @@ def test_one_odd_batch_is_held_out_until_the_next_says_whether_the_curve_moved()
     def two_seen() -> Curve:
         c = Curve()
         for y in (150.0, 140.0):
-            _take(c, math.log(0.5), math.log(y), 1.0, 0.917)
+            _take(c, math.log(0.5), math.log(y), 1.0, (0.917, 0.917))
         return c
 
     drift = two_seen()
-    _take(drift, math.log(0.5), math.log(245.0), 1.0, 0.917)
+    _take(drift, math.log(0.5), math.log(245.0), 1.0, (0.917, 0.917))
     assert drift.n == 2 and len(drift.suspects) == 1 and drift.noise < 0.08
-    _take(drift, math.log(0.5), math.log(250.0), 1.0, 0.917)  # slow again
+    _take(drift, math.log(0.5), math.log(250.0), 1.0, (0.917, 0.917))  # slow again
     assert drift.n == 2 and not drift.suspects  # restarted from the two slow batches
     assert math.exp(drift.predict(0.5)[0]) > 200.0
 
     odd = two_seen()
-    _take(odd, math.log(0.5), math.log(245.0), 1.0, 0.917)
-    _take(odd, math.log(0.5), math.log(147.0), 1.0, 0.917)  # back on the curve: it was one odd batch
+    _take(odd, math.log(0.5), math.log(245.0), 1.0, (0.917, 0.917))
+    _take(odd, math.log(0.5), math.log(147.0), 1.0, (0.917, 0.917))  # back on the curve: it was one odd batch
     assert odd.n == 4 and not odd.suspects
     assert math.exp(odd.predict(0.5)[0]) < 165.0
 
@@ -490,7 +490,7 @@ def test_a_batch_that_straddled_several_limits_is_read_from_the_cpu_it_used():
     curve = Curve()
     batch = BatchObs(latency_s=10.0, finished_at_s=110.0, limit=0.125, clean=False, index=3, cpu_s=10.0,
                      since_s=106.0, prev_limit=0.25)
-    LearnedPolicy._observe_straddled(batch, curve, 4.0, 1.0)
+    LearnedPolicy._observe_straddled(batch, curve, 4.0, (1.0, 1.0))
     assert curve.n == 1
     assert math.exp(curve.sy / curve.sw) == pytest.approx(20.0)
     assert math.exp(curve.sx / curve.sw) == pytest.approx(0.5)

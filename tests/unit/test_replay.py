@@ -2,9 +2,10 @@
 
 The record is made here the way `dqoes experiment real` writes one (state,
 decision and batch rows, times in seconds), from a NodeController running the
-learned allocator on three containers whose batch latency wanders (a slow
-random walk of sd 0.08 in log latency, plus white noise), so what the replay
-must reproduce is known exactly.
+learned allocator on three containers whose batch latency wanders (noise in
+log latency of sd 0.08 that lasts `tau_s` seconds, plus white noise), so what
+the replay must reproduce is known exactly. The same records test the
+learned allocator's choice between its two memories.
 """
 
 from __future__ import annotations
@@ -25,10 +26,14 @@ WORK_CPU_S = {"fast": 0.3, "mid": 0.6, "slow": 1.5}
 OBJECTIVE_S = {"fast": 0.6, "mid": 1.0, "slow": 3.0}
 
 
-def record(duration_s: float = 600.0, seed: int = 3, tau_s: float = 2.0, sd: float = 0.08) -> list[dict]:
-    """Rows as `experiment real` records them, from a learned worker on wandering batches."""
+def record(duration_s: float = 600.0, seed: int = 3, tau_s: float = 2.0, sd: float = 0.08,
+           settings: dict | None = None, policy: list | None = None) -> list[dict]:
+    """Rows as `experiment real` records them, from a learned worker on wandering batches (the policy
+    is appended to `policy` when given)."""
     rng = random.Random(seed)
-    ctl = NodeController("n", CORES, registry.build("learned"))
+    ctl = NodeController("n", CORES, registry.build("learned", settings))
+    if policy is not None:
+        policy.append(ctl.policy)
     rows: list[dict] = [{"kind": "state", "t_s": 0.0, "containers": {
         n: {"objective_s": o, "limit": None} for n, o in OBJECTIVE_S.items()}}]
     for n in WORK_CPU_S:
@@ -80,12 +85,32 @@ def test_replayed_with_the_runs_settings_every_decision_comes_out_as_recorded(ru
         assert c["replayed"] == c["recorded"], name
 
 
-def test_a_memory_in_seconds_keeps_a_fast_containers_limit_from_following_its_noise(run_dir):
-    rows, cores = replay.load_run(run_dir, "learned")
-    base = replay.replay(rows, "learned", cores)["containers"]["fast"]
-    longer = replay.replay(rows, "learned", cores, {"half_life_s": 60.0})["containers"]["fast"]
-    # Eight half-second batches are four seconds: noise lasting two seconds moves the limit.
-    assert longer["replayed"] * 2 <= base["replayed"], (base, longer)
+def test_the_second_memory_keeps_a_fast_containers_limit_from_following_its_noise():
+    # Recorded with the memory in batches alone: eight half-second batches are four seconds, and
+    # noise lasting two seconds moves the limit. Replayed with the second memory (the default), the
+    # fit takes the longer one where it foresees the batches better, and the limit moves far less.
+    rows = record(settings={"half_life_s": 0.0})
+    alone = replay.replay(rows, "learned", CORES, {"half_life_s": 0.0})["containers"]["fast"]
+    assert alone["replayed"] == alone["recorded"] > 10
+    both = replay.replay(rows, "learned", CORES)["containers"]["fast"]
+    assert both["replayed"] * 2 <= alone["replayed"], (alone, both)
+
+
+def test_each_container_keeps_the_memory_that_foresees_its_batches():
+    # Noise that lasts two seconds: the long memory foresees the next rounds' batches better (its
+    # mean is not pulled about by the last few batches). A wander that lasts thirty seconds: the
+    # memory in batches follows it, and foresees better.
+    short_noise, long_wander = [], []
+    for seed in (1, 2, 3, 4):
+        pol: list = []
+        record(seed=seed, tau_s=2.0, sd=0.08, policy=pol)
+        short_noise.append(pol[0].curves["fast"].long_active)
+        pol = []
+        record(seed=seed, tau_s=30.0, sd=0.15, policy=pol)
+        curve = pol[0].curves["fast"]
+        long_wander.append(curve.long_active)
+        assert curve.evidence < 0
+    assert sum(short_noise) >= 3 and not any(long_wander), (short_noise, long_wander)
 
 
 def test_bad_settings_and_missing_records_are_clear_errors(run_dir, tmp_path):
@@ -101,9 +126,9 @@ def test_bad_settings_and_missing_records_are_clear_errors(run_dir, tmp_path):
 
 
 def test_the_command_prints_a_table_or_one_json_object(run_dir, capsys):
-    assert main(["experiment", "replay", str(run_dir), "half_life_s=60", "--json"]) == 0
+    assert main(["experiment", "replay", str(run_dir), "half_life_s=0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["settings"] == {"half_life_s": 60.0} and set(out["containers"]) == set(WORK_CPU_S)
+    assert out["settings"] == {"half_life_s": 0.0} and set(out["containers"]) == set(WORK_CPU_S)
     assert main(["experiment", "replay", str(run_dir), "--changes"]) == 0
     text = capsys.readouterr().out
     assert "| fast |" in text and "learned: " in text
