@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import os
 import socket
 import sys
@@ -13,6 +14,23 @@ from services.worker.training import SPLITS
 from shared.core import registry
 from shared.runtime.factory import KINDS
 from shared.settings import add_common, flag, nats_url, setup_logging
+
+
+def _params(ap: argparse.ArgumentParser, text: str | None) -> tuple[tuple[str, float], ...]:
+    """`--param a=1,b=2` as ((a, 1.0), (b, 2.0)); names are checked against the policy when it is built."""
+    out = []
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        name, sep, value = item.strip().partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = math.nan
+        if not sep or not name or not math.isfinite(number):
+            ap.error(f"--param: expected NAME=NUMBER, got {item.strip()!r}")
+        out.append((name, number))
+    return tuple(out)
 
 
 def parse(argv: list[str] | None = None) -> WorkerConfig:
@@ -34,6 +52,9 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     flag(ap, "--alpha", "DQOES_ALPHA", None, type=float, help="tolerance band (default 0.10 or the scenario's)")
     flag(ap, "--beta", "DQOES_BETA", None, type=float, help="step size (default 0.10 or the scenario's)")
     flag(ap, "--interval", "DQOES_INTERVAL_S", None, type=float, help="initial control interval, s")
+    flag(ap, "--param", "DQOES_POLICY_PARAMS", None,
+         help="the policy's parameters from the start, NAME=VALUE[,NAME=VALUE...] (any that `dqoes control` "
+         "sets, e.g. half_life_s=0 for the learned policy)")
     flag(ap, "--state-interval", "DQOES_STATE_INTERVAL_S", 2.0, type=float, help="publish node state every N wall seconds")
     flag(ap, "--cgroup-root", "DQOES_CGROUP_ROOT", "/sys/fs/cgroup", help="docker/cgroup: the cgroup filesystem")
     flag(ap, "--docker-url", "DQOES_DOCKER_URL", None, help="docker: engine URL (default: the environment's)")
@@ -67,11 +88,12 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         ap.error(f"--policy {a.policy} needs every container's latency curve: only with --runtime sim")
     if a.time_scale <= 0:
         ap.error("--time-scale must be > 0")
+    params = _params(ap, a.param)
     return WorkerConfig(
         nats_url=nats_url(ap, a), nats_creds=a.creds, on_stop=a.on_stop, state_dir=a.state_dir,
         node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
         seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
-        initial_interval_s=a.interval, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
+        initial_interval_s=a.interval, params=params, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
         docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,
         require_node_label=a.require_node_label, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
         training_policy=a.training_policy, training_split=a.training_split, training_stale_s=a.training_stale,

@@ -61,6 +61,9 @@ class WorkerConfig:
     alpha: float | None = None
     beta: float | None = None
     initial_interval_s: float | None = None
+    params: tuple[tuple[str, float], ...] = ()
+    """The policy's parameters by name (`--param`), over the scenario's and the flags above: what
+    `dqoes control` sets at runtime, here from the start and again after every restart."""
     state_interval_s: float = 2.0
     cgroup_root: str = "/sys/fs/cgroup"
     docker_url: str | None = None
@@ -90,7 +93,12 @@ def policy_settings(cfg: WorkerConfig, scenario: Scenario | None) -> dict[str, A
                                    ("initial_interval_s", cfg.initial_interval_s)) if v is not None}
     if overrides.get("initial_interval_s", 0.0) > settings.get("max_interval_s", DQoESParams().max_interval_s):
         overrides["max_interval_s"] = overrides["initial_interval_s"] * 16
-    return settings | overrides
+    params = dict(cfg.params)
+    unknown = sorted(set(params) - set(registry.param_names(cfg.policy)))
+    if unknown:
+        raise ValueError(f"--param: {cfg.policy} has no parameter {', '.join(unknown)} "
+                         f"(it has {', '.join(registry.param_names(cfg.policy))})")
+    return settings | overrides | params
 
 
 def load_scenario(cfg: WorkerConfig) -> Scenario | None:
