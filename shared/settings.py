@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -37,6 +39,23 @@ def flag(parser: argparse.ArgumentParser, name: str, env: str, default: Any = No
     shown = "" if default is None else f" (default: {default})"
     parser.add_argument(name, default=value, type=type, choices=choices,
                         help=f"{help} [env {env}]{shown}")
+
+
+def parse_assignments(items: Iterable[str]) -> dict[str, float]:
+    """NAME=VALUE pairs as numbers (a policy's parameters); ValueError naming the first bad one."""
+    out: dict[str, float] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"expected NAME=VALUE, got {item!r}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{name}: expected a number, got {value!r}") from None
+        if not math.isfinite(number):
+            raise ValueError(f"{name}: must be a finite number, got {value!r}")
+        out[name] = number
+    return out
 
 
 def nats_url(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:

@@ -7,7 +7,6 @@ they all need lives here, below them.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from shared import auth
+from shared import auth, settings
 from shared.bus import Bus, BusError
 from shared.core.profiles import ModelProfile
 from shared.scenarios.spec import load_profiles_file
@@ -28,19 +27,10 @@ class CliError(Exception):
 
 def parse_assignments(items: list[str]) -> dict[str, float]:
     """NAME=VALUE pairs as numbers; CliError naming the first bad one."""
-    out: dict[str, float] = {}
-    for item in items:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            raise CliError(f"expected NAME=VALUE, got {item!r}")
-        try:
-            number = float(value)
-        except ValueError:
-            raise CliError(f"{name}: expected a number, got {value!r}") from None
-        if not math.isfinite(number):
-            raise CliError(f"{name}: must be a finite number, got {value!r}")
-        out[name] = number
-    return out
+    try:
+        return settings.parse_assignments(items)
+    except ValueError as e:
+        raise CliError(str(e)) from None
 
 
 def parse_seeds(text: str) -> list[int]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import math
 import os
 import socket
 import sys
@@ -13,24 +12,15 @@ from services.worker.app import WorkerConfig, run
 from services.worker.training import SPLITS
 from shared.core import registry
 from shared.runtime.factory import KINDS
-from shared.settings import add_common, flag, nats_url, setup_logging
+from shared.settings import add_common, flag, nats_url, parse_assignments, setup_logging
 
 
 def _params(ap: argparse.ArgumentParser, text: str | None) -> tuple[tuple[str, float], ...]:
     """`--param a=1,b=2` as ((a, 1.0), (b, 2.0)); names are checked against the policy when it is built."""
-    out = []
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        name, sep, value = item.strip().partition("=")
-        try:
-            number = float(value)
-        except ValueError:
-            number = math.nan
-        if not sep or not name or not math.isfinite(number):
-            ap.error(f"--param: expected NAME=NUMBER, got {item.strip()!r}")
-        out.append((name, number))
-    return tuple(out)
+    try:
+        return tuple(parse_assignments(x.strip() for x in (text or "").split(",") if x.strip()).items())
+    except ValueError as e:
+        ap.error(f"--param: {e}")
 
 
 def parse(argv: list[str] | None = None) -> WorkerConfig:

@@ -21,12 +21,16 @@ def test_params_from_the_flag_or_the_environment_reach_the_policy(monkeypatch):
     assert policy_settings(cfg, None) == {"alpha": 0.2, "half_life_s": 30.0}
 
 
-@pytest.mark.parametrize("text", ["half_life_s", "half_life_s=", "=3", "half_life_s=nan", "half_life_s=fast"])
-def test_a_malformed_param_is_a_usage_error(text, capsys):
+@pytest.mark.parametrize(("text", "says"), [
+    ("half_life_s", "expected NAME=VALUE, got 'half_life_s'"), ("=3", "expected NAME=VALUE, got '=3'"),
+    ("half_life_s=", "half_life_s: expected a number, got ''"),
+    ("half_life_s=fast", "half_life_s: expected a number, got 'fast'"),
+    ("half_life_s=nan", "half_life_s: must be a finite number, got 'nan'")])
+def test_a_malformed_param_is_a_usage_error(text, says, capsys):
     with pytest.raises(SystemExit) as e:
         parse(["--runtime", "docker", "--policy", "learned", "--param", text])
     assert e.value.code == 2
-    assert "--param: expected NAME=NUMBER" in capsys.readouterr().err
+    assert f"--param: {says}" in capsys.readouterr().err
 
 
 def test_an_unknown_name_or_a_bad_value_stops_the_worker_before_it_connects():
