@@ -44,15 +44,6 @@ def load_run(run_dir: str | Path, policy: str) -> tuple[list[dict[str, Any]], fl
     return rows, cores
 
 
-def check_settings(policy: str, settings: Mapping[str, float]) -> None:
-    """ValueError for a name `policy` does not have or a value it refuses."""
-    unknown = sorted(set(settings) - set(registry.param_names(policy)))
-    if unknown:
-        raise ValueError(f"{policy} has no parameter {', '.join(unknown)} "
-                         f"(it has {', '.join(registry.param_names(policy))})")
-    registry.params_for(policy, settings)
-
-
 def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
            settings: Mapping[str, float] | None = None) -> dict[str, Any]:
     """Feed the recorded batches and rounds to `policy` (with `settings`); count the changes it makes.
@@ -62,7 +53,7 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
     replayed changes (time, container, old and new limit, reason).
     """
     settings = dict(settings or {})
-    check_settings(policy, settings)
+    registry.check_names(policy, settings)
     ctl = NodeController("replay", cores, registry.build(policy, settings))
     rows = list(rows)
     batches = [(r["t_s"], 0, r) for r in rows if r.get("kind") == "batch"]

@@ -320,12 +320,13 @@ def cmd_target_clear(args: argparse.Namespace) -> int:
 def check_against_registry(policy: str, asked: dict[str, float]) -> None:
     """The worker's own check, made before anything is sent: names and values of `policy`'s params."""
     try:
-        names = registry.param_names(policy)
+        registry.spec(policy)
     except ValueError:
         return  # a policy this CLI does not know: the worker checks
-    unknown = sorted(set(asked) - set(names))
-    if unknown:
-        raise CliError(f"policy {policy} has no parameter {', '.join(unknown)} (it has: {', '.join(names)})")
+    try:
+        registry.check_names(policy, asked)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     try:
         registry.params_for(policy, asked)
     except ValueError as e:

@@ -94,10 +94,10 @@ def policy_settings(cfg: WorkerConfig, scenario: Scenario | None) -> dict[str, A
     if overrides.get("initial_interval_s", 0.0) > settings.get("max_interval_s", DQoESParams().max_interval_s):
         overrides["max_interval_s"] = overrides["initial_interval_s"] * 16
     params = dict(cfg.params)
-    unknown = sorted(set(params) - set(registry.param_names(cfg.policy)))
-    if unknown:
-        raise ValueError(f"--param: {cfg.policy} has no parameter {', '.join(unknown)} "
-                         f"(it has {', '.join(registry.param_names(cfg.policy))})")
+    try:
+        registry.check_names(cfg.policy, params)
+    except ValueError as e:
+        raise ValueError(f"--param: {e}") from None
     return settings | overrides | params
 
 

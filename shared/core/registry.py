@@ -15,7 +15,7 @@ the dataclass with a message naming the field.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.core import baselines, dqoes, flowcon, learned, oracle, training_baseline
@@ -95,6 +95,15 @@ def spec(name: str) -> PolicySpec:
 
 def param_names(name: str) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(spec(name).params_type))
+
+
+def check_names(name: str, asked: Iterable[str]) -> None:
+    """ValueError naming what in `asked` is not one of policy `name`'s parameters (`params_for` ignores
+    such names, so that one settings table can serve several policies)."""
+    names = param_names(name)
+    unknown = sorted(set(asked) - set(names))
+    if unknown:
+        raise ValueError(f"policy {name} has no parameter {', '.join(unknown)} (it has: {', '.join(names)})")
 
 
 def params_for(name: str, settings: Mapping[str, Any] | None = None) -> Any:

@@ -36,7 +36,7 @@ def test_a_malformed_param_is_a_usage_error(text, says, capsys):
 def test_an_unknown_name_or_a_bad_value_stops_the_worker_before_it_connects():
     # No NATS server at this URL: the configuration is refused before any connection is tried.
     url = "nats://127.0.0.1:9"
-    with pytest.raises(ConfigError, match="--param: learned has no parameter half_life "):
+    with pytest.raises(ConfigError, match="--param: policy learned has no parameter half_life "):
         asyncio.run(build(WorkerConfig(node="n1", nats_url=url, policy="learned", runtime="docker",
                                        params=(("half_life", 60.0),))))
     with pytest.raises(ConfigError, match="half_life_s must be a number"):
