@@ -280,10 +280,14 @@ class Curve:
             self.fit = self.solve_memory(self.long_active)
         return self.fit
 
+    @property
+    def short_sums(self) -> list[float]:
+        """The sums over the memory in batches, in the order of `long_sums`."""
+        return [self.sw, self.sw2, self.sx, self.sy, self.sxx, self.sxy, self.syy]
+
     def solve_memory(self, long: bool) -> tuple[float, float, float, float, float, float] | None:
         """The fit over the short memory (half-life in batches) or the long one (`half_life_s`)."""
-        sw, sw2, sx, sy, sxx, sxy, syy = (self.long_sums if long else
-                                          (self.sw, self.sw2, self.sx, self.sy, self.sxx, self.sxy, self.syy))
+        sw, sw2, sx, sy, sxx, sxy, syy = self.long_sums if long else self.short_sums
         if sw <= 0:
             return None
         # y = theta0 - k x: design row (1, -x).
@@ -785,11 +789,14 @@ def _release(curve: Curve, decay: tuple[float, float]) -> None:
 
 
 def _foresee(curve: Curve, cores: float, now_s: float) -> tuple[float, float, float, float] | None:
-    """What each memory expects of the batches at `cores` (None while either has no fit, or both are
-    the same memory)."""
-    short, long = curve.solve_memory(False), curve.solve_memory(True)
-    if short is None or long is None or short == long:
+    """What each memory expects of the batches at `cores` (None while both are the same memory, or
+    either has no fit). The one in use is the curve's own fit, solved once a round already."""
+    if curve.long_sums == curve.short_sums:
         return None
+    active, other = curve.solve(), curve.solve_memory(not curve.long_active)
+    if active is None or other is None:
+        return None
+    short, long = (other, active) if curve.long_active else (active, other)
     a, b = curve.predict(cores, short), curve.predict(cores, long)
     return None if a is None or b is None else (cores, a[0], b[0], now_s)
 
