@@ -127,7 +127,7 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
 
 
 def _same(a: float | None, b: float | None) -> bool:
-    return a == b or (a is not None and b is not None and abs(a - b) <= SAME_LIMIT * max(abs(a), abs(b)))
+    return a == b or (a is not None and b is not None and math.isclose(a, b, rel_tol=SAME_LIMIT))
 
 
 def render(res: Mapping[str, Any]) -> str:
