@@ -20,6 +20,7 @@ from experiments import replay
 from services.cli.main import main
 from shared.core import registry
 from shared.core.controller import NodeController
+from shared.core.learned import LearnedPolicy
 
 CORES = 2.0
 WORK_CPU_S = {"fast": 0.3, "mid": 0.6, "slow": 1.5}
@@ -27,13 +28,11 @@ OBJECTIVE_S = {"fast": 0.6, "mid": 1.0, "slow": 3.0}
 
 
 def record(duration_s: float = 600.0, seed: int = 3, tau_s: float = 2.0, sd: float = 0.08,
-           settings: dict | None = None, policy: list | None = None) -> list[dict]:
-    """Rows as `experiment real` records them, from a learned worker on wandering batches (the policy
-    is appended to `policy` when given)."""
+           settings: dict | None = None) -> tuple[list[dict], LearnedPolicy]:
+    """Rows as `experiment real` records them, from a learned worker on wandering batches, and the
+    worker's policy as the run left it."""
     rng = random.Random(seed)
     ctl = NodeController("n", CORES, registry.build("learned", settings))
-    if policy is not None:
-        policy.append(ctl.policy)
     rows: list[dict] = [{"kind": "state", "t_s": 0.0, "containers": {
         n: {"objective_s": o, "limit": None} for n, o in OBJECTIVE_S.items()}}]
     for n in WORK_CPU_S:
@@ -65,14 +64,14 @@ def record(duration_s: float = 600.0, seed: int = 3, tau_s: float = 2.0, sd: flo
                              "batch": index[n] - 1})
             index[n] += 1
             due[n] = t + latency_s
-    return rows
+    return rows, ctl.policy
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("real-run")
     (d / "summary.json").write_text(json.dumps({"cores": CORES, "runtime": "docker"}))
-    (d / "learned.jsonl").write_text("".join(json.dumps(r) + "\n" for r in record()))
+    (d / "learned.jsonl").write_text("".join(json.dumps(r) + "\n" for r in record()[0]))
     return d
 
 
@@ -89,7 +88,7 @@ def test_the_second_memory_keeps_a_fast_containers_limit_from_following_its_nois
     # Recorded with the memory in batches alone: eight half-second batches are four seconds, and
     # noise lasting two seconds moves the limit. Replayed with the second memory (the default), the
     # fit takes the longer one where it foresees the batches better, and the limit moves far less.
-    rows = record(settings={"half_life_s": 0.0})
+    rows, _ = record(settings={"half_life_s": 0.0})
     alone = replay.replay(rows, "learned", CORES, {"half_life_s": 0.0})["containers"]["fast"]
     assert alone["replayed"] == alone["recorded"] > 10
     both = replay.replay(rows, "learned", CORES)["containers"]["fast"]
@@ -102,12 +101,10 @@ def test_each_container_keeps_the_memory_that_foresees_its_batches():
     # memory in batches follows it, and foresees better.
     short_noise, long_wander = [], []
     for seed in (1, 2, 3, 4):
-        pol: list = []
-        record(seed=seed, tau_s=2.0, sd=0.08, policy=pol)
-        short_noise.append(pol[0].curves["fast"].long_active)
-        pol = []
-        record(seed=seed, tau_s=30.0, sd=0.15, policy=pol)
-        curve = pol[0].curves["fast"]
+        _, pol = record(seed=seed, tau_s=2.0, sd=0.08)
+        short_noise.append(pol.curves["fast"].long_active)
+        _, pol = record(seed=seed, tau_s=30.0, sd=0.15)
+        curve = pol.curves["fast"]
         long_wander.append(curve.long_active)
         assert curve.evidence < 0
     assert sum(short_noise) >= 3 and not any(long_wander), (short_noise, long_wander)
