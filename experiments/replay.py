@@ -10,9 +10,10 @@ Replayed with the settings the run used, the decisions come out as recorded
 (which checks that the record holds everything the policy read). With other
 settings it answers "would the limits have moved": the policy reads each batch
 under the limit actually in force then (its latency came from that limit) and
-decides from the limits it set itself. It is open loop: how batches would have
-run under limits that were never set is not known, so it says nothing about
-how many containers would have been met.
+decides from the limits it set itself, with the objectives the worker had at
+each round (one changed mid-run takes effect at the round it started). It is
+open loop: how batches would have run under limits that were never set is not
+known, so it says nothing about how many containers would have been met.
 """
 
 from __future__ import annotations
@@ -61,16 +62,16 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
     states = [r for r in rows if r.get("kind") == "state"]
     if not rounds:
         raise ValueError("the record has no rounds (decision rows): nothing to replay")
-    objectives: dict[str, float] = {}
-    for s in states:
-        for name, c in s.get("containers", {}).items():
-            if c.get("objective_s") is not None:
-                objectives.setdefault(name, float(c["objective_s"]))
+    objectives = _objectives_by_round(states)
+    first: dict[str, float] = {}
+    for _, seen_then in objectives:
+        for name, (objective_s, _alpha) in seen_then.items():
+            first.setdefault(name, objective_s)
     run_limit: dict[str, float | None] = {}
     own: dict[str, float | None] = {}
     cpu_total: dict[str, float] = {}
     last_t = 0.0
-    per = {n: {"recorded": 0, "replayed": 0, "agree": 0, "rounds": 0} for n in objectives}
+    per = {n: {"recorded": 0, "replayed": 0, "agree": 0, "rounds": 0} for n in first}
     changes: list[dict[str, Any]] = []
     for t, _, r in sorted(batches + rounds, key=lambda e: (e[0], e[1])):
         if r["kind"] == "batch":
@@ -80,15 +81,20 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
                 ctl.record_latency(r["container"], r["latency_s"], t, r.get("cpu_s"))
             continue
         seen = r["containers"]
+        now = _in_force(objectives, r.get("round", 0))
         for name, c in seen.items():
-            if name not in ctl.containers and name in objectives:
-                ctl.add(name, t, objective_s=objectives[name], cpu_total_s=0.0, limit=c["old_limit"])
+            if name not in ctl.containers and name in first:
+                objective_s, alpha = now.get(name, (first[name], None))
+                ctl.add(name, t, objective_s=objective_s, alpha=alpha, cpu_total_s=0.0, limit=c["old_limit"])
                 cpu_total[name] = 0.0
                 run_limit[name] = own[name] = c["old_limit"]
             if c.get("cpu_share") is not None and name in cpu_total:
                 cpu_total[name] += c["cpu_share"] * (t - last_t) * cores
         for gone in [n for n in ctl.containers if n not in seen]:
             ctl.remove(gone, t)
+        for name, (objective_s, alpha) in now.items():
+            if name in ctl.containers:
+                ctl.set_objective(name, objective_s, t, alpha)  # as the worker had it at this round
         last_t = t
         since = {}
         for name, tr in ctl.containers.items():
@@ -124,6 +130,29 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
         "agreement": sum(c["agree"] for c in per.values()) / total_rounds if total_rounds else math.nan,
         "changes": changes,
     }
+
+
+def _objectives_by_round(states: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict[str, tuple[float, float | None]]]]:
+    """(round, {container: (objective, alpha)}) from the recorded states, in the order of rounds.
+
+    A state carries the number of the last round the worker ran; an objective changed between two
+    rounds starts the next one at once, so the first state that reports round R shows the
+    objectives that round R decided for."""
+    out: dict[int, dict[str, tuple[float, float | None]]] = {}
+    for s in states:
+        seen = {name: (float(c["objective_s"]), c.get("alpha"))
+                for name, c in s.get("containers", {}).items() if c.get("objective_s") is not None}
+        out.setdefault(int(s.get("round", 0)), seen)
+    return sorted(out.items())
+
+
+def _in_force(objectives: list[tuple[int, dict[str, tuple[float, float | None]]]],
+              round_no: int) -> dict[str, tuple[float, float | None]]:
+    """The objectives at round `round_no`: those of the first state at or after it, else the last."""
+    for r, seen in objectives:
+        if r >= round_no:
+            return seen
+    return objectives[-1][1] if objectives else {}
 
 
 def _same(a: float | None, b: float | None) -> bool:

@@ -28,9 +28,11 @@ OBJECTIVE_S = {"fast": 0.6, "mid": 1.0, "slow": 3.0}
 
 
 def record(duration_s: float = 600.0, seed: int = 3, tau_s: float = 2.0, sd: float = 0.08,
-           settings: dict | None = None) -> tuple[list[dict], LearnedPolicy]:
+           settings: dict | None = None, changes: dict | None = None) -> tuple[list[dict], LearnedPolicy]:
     """Rows as `experiment real` records them, from a learned worker on wandering batches, and the
-    worker's policy as the run left it."""
+    worker's policy as the run left it. `changes`: {time: (container, objective)}, set as a client
+    would, between rounds."""
+    changes = dict(changes or {})
     rng = random.Random(seed)
     ctl = NodeController("n", CORES, registry.build("learned", settings))
     rows: list[dict] = [{"kind": "state", "t_s": 0.0, "containers": {
@@ -43,12 +45,18 @@ def record(duration_s: float = 600.0, seed: int = 3, tau_s: float = 2.0, sd: flo
     used = dict.fromkeys(WORK_CPU_S, 0.0)
     index = dict.fromkeys(WORK_CPU_S, 0)
     while t < duration_s:
+        for at in [at for at in changes if at <= t]:
+            name, objective_s = changes.pop(at)
+            ctl.set_objective(name, objective_s, t)
         if ctl.due(t):
             d = ctl.run_round(t, used)
             rows.append({"kind": "decision", "t_s": t, "round": ctl.rounds, "event": d.event,
                          "interval_s": d.interval_s, "containers": {
                              c.name: {"old_limit": c.old_limit, "new_limit": c.new_limit, "latency_s": c.latency_s,
                                       "cpu_share": c.cpu_share, "reason": c.reason} for c in d.containers}})
+            rows.append({"kind": "state", "t_s": t, "round": ctl.rounds, "containers": {
+                n: {"objective_s": tr.objective_s, "alpha": tr.alpha, "limit": tr.limit}
+                for n, tr in ctl.containers.items()}})
         t += dt
         keep = math.exp(-dt / tau_s)
         for n in WORK_CPU_S:
@@ -82,6 +90,19 @@ def test_replayed_with_the_runs_settings_every_decision_comes_out_as_recorded(ru
     assert res["agreement"] == 1.0
     for name, c in res["containers"].items():
         assert c["replayed"] == c["recorded"], name
+
+
+def test_an_objective_changed_mid_run_is_replayed_from_the_round_it_took_effect():
+    # The slow container's objective is halved, then relaxed: each is a round the worker ran at once
+    # with the new objective, and the replay must decide those rounds (and the ones after) with it.
+    rows, _ = record(duration_s=300.0, changes={100.0: ("slow", 1.5), 200.0: ("slow", 4.0)})
+    assert sum(r["kind"] == "decision" and r["event"] == "objective" for r in rows) == 2
+    res = replay.replay(rows, "learned", CORES)
+    assert res["agreement"] == 1.0
+    assert res["containers"]["slow"]["replayed"] == res["containers"]["slow"]["recorded"]
+    # Decided with the first objective throughout, the rounds after the change would not agree.
+    first_only = [r for r in rows if r["kind"] != "state" or r.get("round", 0) < 2]
+    assert replay.replay(first_only, "learned", CORES)["agreement"] < 1.0
 
 
 def test_the_second_memory_keeps_a_fast_containers_limit_from_following_its_noise():
