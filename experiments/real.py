@@ -57,6 +57,7 @@ from shared.scenarios.spec import (
     scenario_to_dict,
 )
 from shared.schema import DecisionMsg, LatencyEvent, NodeState
+from shared.settings import parse_policy_entry, policy_entry
 from shared.sim.engine import simulate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,8 +141,12 @@ class RealRun:
     """
 
     def __init__(self, prefix: str, policy: str, specs: Sequence[ContainerSpec], *, cores: float, image: str,
-                 batch: int, resolution_px: int, run_dir: Path, runtime: str = "docker") -> None:
+                 batch: int, resolution_px: int, run_dir: Path, runtime: str = "docker",
+                 settings: dict[str, float] | None = None) -> None:
         self.prefix, self.policy, self.specs = prefix, policy, list(specs)
+        self.settings = dict(settings or {})
+        """The policy's parameters, given to the worker with `--param` (the defaults where empty)."""
+        self.label = policy_entry(policy, self.settings)
         self.cores, self.image, self.batch, self.resolution_px = cores, image, batch, resolution_px
         self.run_dir = run_dir
         self.runtime = runtime
@@ -187,6 +192,8 @@ class RealRun:
         self._spawn("manager", ["-m", "services.manager", "--nats", url, "--cluster-interval", "1"], "manager")
         common = ["-m", "services.worker", "--nats", url, "--node", self.node, "--policy", self.policy,
                   "--cores", f"{self.cores:g}", "--state-interval", "2"]
+        if self.settings:
+            common += ["--param", ",".join(f"{k}={v!r}" for k, v in sorted(self.settings.items()))]
         if self.runtime == "cgroup":
             scenario = self.run_dir / "scenario.json"
             scenario.write_text(json.dumps(scenario_to_dict(Scenario(
@@ -243,6 +250,7 @@ class RealRun:
 
         def on_state(ns: NodeState, _: Any) -> None:
             row = {"t_s": round(ns.at - self.t0, 2), "satisfied": ns.satisfied, "round": ns.round,
+                   "params": dict(ns.params),
                    "containers": {c.container.removeprefix(self.prefix + "-"): {
                        "cls": c.cls.value if c.cls else None, "latency_s": c.latency_s, "limit": c.limit,
                        "cpu_share": c.cpu_share, "objective_s": c.objective_s, "alpha": c.alpha}
@@ -295,7 +303,7 @@ class RealRun:
                     lim = "" if s is None else " ".join(
                         f"{k}:{'-' if v['limit'] is None else format(v['limit'] * self.cores, '.2f')}"
                         for k, v in sorted(s["containers"].items()))
-                    progress(f"{self.policy:<8} t = {now - self.t0:5.0f}/{duration_s:.0f} s  satisfied {sat}/"
+                    progress(f"{self.label:<8} t = {now - self.t0:5.0f}/{duration_s:.0f} s  satisfied {sat}/"
                              f"{len(self.specs)}  limits (cores) {lim}  load {sample['loadavg_1m']:.2f}, "
                              f"others {sample['other_cores']:.2f} cores")
                     next_print = now + 30.0
@@ -355,7 +363,8 @@ def summarize_real(run: RealRun, duration_s: float, alpha: float = DEFAULT_ALPHA
     loads = [s["loadavg_1m"] for s in run.cpu_samples]
     others = [s["other_cores"] for s in run.cpu_samples if "other_cores" in s]
     return {
-        "policy": run.policy,
+        "policy": run.label,
+        "settings": run.settings,
         "satisfied_final": plateau(series, start, duration_s) if series else 0,
         "met_final": plateau(meets, start, duration_s) if meets else 0,
         "final_window_s": window,
@@ -554,16 +563,42 @@ def markers(section: str) -> tuple[str, str]:
             f"<!-- END generated: dqoes experiment real {section} -->")
 
 
+def policy_runs(text: str) -> dict[str, tuple[str, dict[str, float]]]:
+    """`--policies`: entries `POLICY[:NAME=VALUE...]`, comma-separated, each run under its own label
+    (`learned,learned:half_life_s=0` runs the learned allocator with and without its second memory).
+    ExperimentError for a policy that cannot run on real workloads, a bad setting or a repeat."""
+    usable = [n for n in registry.names() if not registry.spec(n).needs_curves]
+    out: dict[str, tuple[str, dict[str, float]]] = {}
+    for entry in (e.strip() for e in text.split(",")):
+        if not entry:
+            continue
+        try:
+            policy, settings = parse_policy_entry(entry)
+        except ValueError as e:
+            raise ExperimentError(f"--policies: {e}") from None
+        if policy not in usable:
+            raise ExperimentError(f"--policies: {policy!r} cannot run on real workloads (choose from {', '.join(usable)})")
+        try:
+            registry.check_names(policy, settings)
+            registry.params_for(policy, settings)
+        except ValueError as e:
+            raise ExperimentError(f"--policies: {entry}: {e}") from None
+        label = policy_entry(policy, settings)
+        if label in out:
+            raise ExperimentError(f"--policies: {label} is named twice")
+        out[label] = (policy, settings)
+    if not out:
+        raise ExperimentError("--policies: name at least one policy")
+    return out
+
+
 def run_experiment(opts: RealOptions) -> dict[str, Any]:
     if opts.containers < 1:
         raise ExperimentError("--containers must be >= 1")
     if opts.duration_s < 30:
         raise ExperimentError("--duration-s must be >= 30")
-    policies = [p.strip() for p in opts.policies.split(",") if p.strip()]
-    for p in policies:
-        if p not in registry.REGISTRY or registry.spec(p).needs_curves:
-            usable = [n for n in registry.names() if not registry.spec(n).needs_curves]
-            raise ExperimentError(f"--policies: {p!r} cannot run on real workloads (choose from {', '.join(usable)})")
+    runs = policy_runs(opts.policies)
+    policies = list(runs)
     if opts.runtime not in ("docker", "cgroup"):
         raise ExperimentError(f"--runtime: docker or cgroup, got {opts.runtime!r}")
     if os.geteuid() != 0:
@@ -602,7 +637,8 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
              f"(fastest alone {profiles[c.model].with_threads(1).fastest_s(cores):.2f} s)")
 
     sc = sim_scenario(specs, profiles, cores, opts.duration_s)
-    sim = {p: forecast(sc, p, opts.seed) for p in policies}
+    sim = {p: forecast(dataclasses.replace(sc, settings={**sc.settings, **settings}), policy, opts.seed)
+           for p, (policy, settings) in runs.items()}
     for p, s in sim.items():
         _log(f"simulator: {p} met {s['met_final']}, in band {s['satisfied_final']} "
              f"(oracle bound {s['oracle_met']} / {s['oracle_satisfied']})")
@@ -610,8 +646,9 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
     real: dict[str, Any] = {}
     interrupted = False
     for p in policies:
-        run = RealRun(prefix, p, specs, cores=cores, image=opts.image, batch=opts.batch_size,
-                      resolution_px=opts.resolution, run_dir=out_dir / p, runtime=opts.runtime)
+        run = RealRun(prefix, runs[p][0], specs, cores=cores, image=opts.image, batch=opts.batch_size,
+                      resolution_px=opts.resolution, run_dir=out_dir / p, runtime=opts.runtime,
+                      settings=runs[p][1])
         try:
             run.start()
             _log(f"{p}: {len(specs)} containers started")

@@ -58,6 +58,20 @@ def parse_assignments(items: Iterable[str]) -> dict[str, float]:
     return out
 
 
+def parse_policy_entry(entry: str) -> tuple[str, dict[str, float]]:
+    """`POLICY[:NAME=VALUE...]` (for example `learned:half_life_s=0`) as the policy's name and its
+    settings: one policy run under two settings in one experiment. ValueError naming what is bad."""
+    name, *assignments = entry.strip().split(":")
+    if not name:
+        raise ValueError(f"expected POLICY[:NAME=VALUE...], got {entry!r}")
+    return name, parse_assignments(assignments)
+
+
+def policy_entry(name: str, settings: dict[str, float]) -> str:
+    """The entry `parse_policy_entry` reads back: the policy, then its settings in name order."""
+    return ":".join([name, *(f"{k}={v:g}" for k, v in sorted(settings.items()))])
+
+
 def nats_url(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """`--nats` with the user and password of `--creds` in it (how the bus connects)."""
     try:

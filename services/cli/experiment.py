@@ -21,6 +21,7 @@ from shared.core import registry
 from shared.core.profiles import ModelProfile
 from shared.scenarios.builtin import BUILTINS
 from shared.scenarios.training import TRAINING_BUILTINS
+from shared.settings import parse_policy_entry
 from shared.sim.engine import SimResult
 from shared.timeline import run_file_name
 
@@ -290,12 +291,17 @@ def cmd_real(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    if args.policy not in registry.names():
+    try:
+        policy, run_settings = parse_policy_entry(args.policy)
+    except ValueError as e:
+        raise CliError(f"--policy: {e}") from None
+    if policy not in registry.names():
         raise CliError(f"--policy: choose from {', '.join(registry.names())}")
-    settings = parse_assignments(args.set)
+    # The run's own settings for that policy (its label says them), then the ones asked for.
+    settings = {**run_settings, **parse_assignments(args.set)}
     try:
         rows, cores = replay.load_run(args.run_dir, args.policy)
-        res = replay.replay(rows, args.policy, cores, settings)
+        res = replay.replay(rows, policy, cores, settings)
     except ValueError as e:
         raise CliError(str(e)) from None
     if args.json:
@@ -408,7 +414,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     d = real.RealOptions()
     p.add_argument("--containers", type=int, default=d.containers, help="how many inference containers (default 5)")
     p.add_argument("--duration-s", type=float, default=d.duration_s, help="seconds per policy (default 600)")
-    p.add_argument("--policies", default=d.policies, help=f"run in this order (default {d.policies})")
+    p.add_argument("--policies", default=d.policies,
+                   help=f"run in this order (default {d.policies}); POLICY:NAME=VALUE[:NAME=VALUE] runs a policy "
+                   "with those parameters, so one policy can run under two settings (learned,learned:half_life_s=0)")
     p.add_argument("--runtime", choices=("docker", "cgroup"), default=d.runtime,
                    help="docker: containers of --image; cgroup: inference processes in cgroups, no Docker (default docker)")
     p.add_argument("--section", default=d.section,
@@ -440,7 +448,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog="example: dqoes experiment replay runs/real-3p-2511 --policy learned half_life_s=60")
     p.add_argument("run_dir", metavar="DIR", help="a directory written by `dqoes experiment real --out`")
     p.add_argument("set", nargs="*", metavar="NAME=VALUE", help="the policy's parameters to change")
-    p.add_argument("--policy", default="learned", help="whose record to replay (default learned)")
+    p.add_argument("--policy", default="learned", help="whose record to replay, as the run's --policies named it "
+                   "(default learned; e.g. learned:half_life_s=0, whose settings then apply before NAME=VALUE)")
     p.add_argument("--changes", action="store_true", help="also list every replayed change with its reason")
     p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
     p.set_defaults(func=cmd_replay)

@@ -21,10 +21,13 @@ pytestmark = [pytest.mark.timeout(240),
 
 
 def test_a_short_real_run_records_decisions_and_batches(tmp_path):
-    res = run(RealOptions(containers=2, duration_s=30.0, policies="learned", runtime="cgroup", out=str(tmp_path)))
-    rows = [json.loads(line) for line in (tmp_path / "learned.jsonl").read_text().splitlines()]
+    # Run with a setting, as `--policies learned:half_life_s=0` asks: the worker must run with it.
+    label = "learned:half_life_s=0"
+    res = run(RealOptions(containers=2, duration_s=30.0, policies=label, runtime="cgroup", out=str(tmp_path)))
+    rows = [json.loads(line) for line in (tmp_path / f"{label}.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in rows}
     assert {"state", "cpu", "decision", "batch"} <= kinds
+    assert all(r["params"]["half_life_s"] == 0 for r in rows if r["kind"] == "state")
     decisions = [r for r in rows if r["kind"] == "decision"]
     assert all(set(d["containers"]) == {"c01", "c02"} for d in decisions)
     assert all(c["reason"].startswith("learned:") for d in decisions for c in d["containers"].values())
@@ -32,4 +35,5 @@ def test_a_short_real_run_records_decisions_and_batches(tmp_path):
     batches = [r for r in rows if r["kind"] == "batch"]
     assert {b["container"] for b in batches} == {"c01", "c02"}
     assert all(b["latency_s"] > 0 and b["cpu_s"] >= 0 for b in batches)
-    assert res.summary["real"]["learned"]["met_final"] >= 0
+    assert res.summary["real"][label]["met_final"] >= 0
+    assert res.summary["real"][label]["settings"] == {"half_life_s": 0.0}

@@ -38,6 +38,35 @@ def test_real_experiment_plan_and_forecast():
     assert realexp.plan_containers(3, ["resnet50"], profiles, 2.0, [4, 6])[2].objective_s == 4.0
 
 
+def test_policies_may_name_one_policy_under_two_settings():
+    runs = realexp.policy_runs("learned, learned:half_life_s=0:initial_interval_s=2,default")
+    assert runs == {"learned": ("learned", {}),
+                    "learned:half_life_s=0:initial_interval_s=2": ("learned", {"half_life_s": 0.0,
+                                                                               "initial_interval_s": 2.0}),
+                    "default": ("default", {})}
+    # The label is the settings in name order, so the same run cannot be asked for twice.
+    assert list(realexp.policy_runs("learned:initial_interval_s=2:half_life_s=0")) == [
+        "learned:half_life_s=0:initial_interval_s=2"]
+    for bad, message in (("learned:half_life=0", "has no parameter half_life"),
+                         ("learned:half_life_s=-1", "half_life_s must be"),
+                         ("learned:half_life_s", "expected NAME=VALUE"),
+                         ("learned:half_life_s=fast", "expected a number"),
+                         ("oracle", "cannot run on real workloads"),
+                         ("learned,learned", "named twice"),
+                         ("learned:", "expected NAME=VALUE"),
+                         (" , ", "at least one policy")):
+        with pytest.raises(realexp.ExperimentError, match=message):
+            realexp.policy_runs(bad)
+
+
+def test_the_forecast_runs_each_policy_with_its_settings():
+    specs = realexp.plan_containers(3, ["resnet50", "mobilenetv2"], BUILTIN_PROFILES, 2.0)
+    sc = realexp.sim_scenario(specs, BUILTIN_PROFILES, 2.0, 300)
+    (policy, settings), = realexp.policy_runs("dqoes:alpha=0.5").values()
+    wide = realexp.forecast(realexp.dataclasses.replace(sc, settings={**sc.settings, **settings}), policy)
+    assert wide != realexp.forecast(sc, policy)
+
+
 def test_real_experiment_renders_a_summary(tmp_path, capsys):
     profiles = {**BUILTIN_PROFILES, "resnet50": resnet_profile()}
     specs = realexp.plan_containers(2, ["resnet50"], profiles, 2.0)
@@ -73,7 +102,8 @@ def test_real_counts_come_from_each_samples_latest_batch_not_the_last_round():
     assert realexp.latest_counts(state, 0.1) == (2, 1)  # c1 met and in band, c2 met (faster), c4 late
 
     class Run:
-        policy = "learned"
+        policy = label = "learned"
+        settings: dict = {}
         specs = ()
         cpu_samples: list = []
         states = [dict(state, t_s=float(t)) for t in range(0, 100, 2)]

@@ -131,6 +131,23 @@ def test_each_container_keeps_the_memory_that_foresees_its_batches():
     assert sum(short_noise) >= 3 and not any(long_wander), (short_noise, long_wander)
 
 
+def test_a_record_of_a_policy_run_with_settings_replays_with_them(tmp_path, capsys):
+    # `experiment real --policies learned:half_life_s=0` writes learned:half_life_s=0.jsonl; replayed
+    # under that label, the run's settings apply without naming them again.
+    (tmp_path / "summary.json").write_text(json.dumps({"cores": CORES, "runtime": "docker"}))
+    rows, _ = record(duration_s=200.0, settings={"half_life_s": 0.0})
+    (tmp_path / "learned:half_life_s=0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s=0", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["settings"] == {"half_life_s": 0.0} and out["agreement"] == 1.0
+    # NAME=VALUE still wins over the label's settings.
+    assert main(["experiment", "replay", str(tmp_path), "half_life_s=60", "--policy", "learned:half_life_s=0",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["settings"] == {"half_life_s": 60.0}
+    assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s"]) == 2
+    assert "expected NAME=VALUE" in capsys.readouterr().err
+
+
 def test_bad_settings_and_missing_records_are_clear_errors(run_dir, tmp_path):
     rows, cores = replay.load_run(run_dir, "learned")
     with pytest.raises(ValueError, match="has no parameter half_life"):
