@@ -11,6 +11,12 @@ class ExperimentError(Exception):
     """Bad input, or an experiment that cannot run here; one line (the CLI exits with status 2)."""
 
 
+def record_stem(label: str) -> str:
+    """The file and directory name of a policy's records in a real run: its label (`learned:half_life_s=0`)
+    without colons, which `docker run -v SRC:DST` would read as separators."""
+    return label.replace(":", "+")
+
+
 def update_section(path: Path, block: str, begin: str, end: str) -> None:
     """Replace the generated block between `begin` and `end` in a Markdown file (or append it)."""
     text = path.read_text() if path.exists() else ""

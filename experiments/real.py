@@ -38,7 +38,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.common import ExperimentError, busy_cores_s, update_section
+from experiments.common import ExperimentError, busy_cores_s, record_stem, update_section
 from shared import auth, subjects
 from shared.bus import Bus, BusError
 from shared.core import registry
@@ -647,7 +647,7 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
     interrupted = False
     for p in policies:
         run = RealRun(prefix, runs[p][0], specs, cores=cores, image=opts.image, batch=opts.batch_size,
-                      resolution_px=opts.resolution, run_dir=out_dir / p, runtime=opts.runtime,
+                      resolution_px=opts.resolution, run_dir=out_dir / record_stem(p), runtime=opts.runtime,
                       settings=runs[p][1])
         try:
             run.start()
@@ -657,7 +657,7 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
             interrupted = True
         finally:
             run.stop()
-        with (out_dir / f"{p}.jsonl").open("w") as f:
+        with (out_dir / f"{record_stem(p)}.jsonl").open("w") as f:
             for row in run.states:
                 f.write(json.dumps({"kind": "state", **row}) + "\n")
             for row in run.cpu_samples:

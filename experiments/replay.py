@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from experiments.common import record_stem
 from shared.core import registry
 from shared.core.controller import NodeController
 
@@ -35,7 +36,7 @@ a billionth of a core, the worker's record to a millionth of the node)."""
 def load_run(run_dir: str | Path, policy: str) -> tuple[list[dict[str, Any]], float]:
     """The rows `dqoes experiment real --out DIR` recorded for `policy`, and the node's cores."""
     d = Path(run_dir)
-    summary, rows_path = d / "summary.json", d / f"{policy}.jsonl"
+    summary, rows_path = d / "summary.json", d / f"{record_stem(policy)}.jsonl"
     if not summary.is_file():
         raise ValueError(f"{summary}: no such file (a directory written by `dqoes experiment real --out`)")
     if not rows_path.is_file():

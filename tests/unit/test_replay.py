@@ -132,11 +132,11 @@ def test_each_container_keeps_the_memory_that_foresees_its_batches():
 
 
 def test_a_record_of_a_policy_run_with_settings_replays_with_them(tmp_path, capsys):
-    # `experiment real --policies learned:half_life_s=0` writes learned:half_life_s=0.jsonl; replayed
+    # `experiment real --policies learned:half_life_s=0` writes learned+half_life_s=0.jsonl (no colons: docker -v); replayed
     # under that label, the run's settings apply without naming them again.
     (tmp_path / "summary.json").write_text(json.dumps({"cores": CORES, "runtime": "docker"}))
     rows, _ = record(duration_s=200.0, settings={"half_life_s": 0.0})
-    (tmp_path / "learned:half_life_s=0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "learned+half_life_s=0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s=0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["settings"] == {"half_life_s": 0.0} and out["agreement"] == 1.0
