@@ -70,7 +70,8 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     flag(ap, "--on-stop", "DQOES_ON_STOP", "keep", choices=("keep", "restore"),
          help="on a clean stop: keep the CPU limits in force, or restore what the containers had before")
     flag(ap, "--state-dir", "DQOES_STATE_DIR_WORKER", None,
-         help="directory keeping the containers' original limits across crashes (for --on-stop restore)")
+         help="directory keeping, across restarts, the containers' original limits (for --on-stop restore) "
+         "and what `dqoes control` set (docs/operations.md)")
     a = ap.parse_args(argv)
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")

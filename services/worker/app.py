@@ -48,7 +48,8 @@ class WorkerConfig:
     on_stop: str = "keep"
     """On a clean stop: "keep" the limits in force, or "restore" what the containers had before."""
     state_dir: str | None = None
-    """Where the containers' original limits are kept across crashes (None: in memory only)."""
+    """Where the containers' original limits and what `dqoes control` set are kept across restarts
+    (None: in memory only)."""
     """The credentials file `nats_url`'s user and password came from (handed to inference processes)."""
     policy: str = "dqoes"
     runtime: str = "sim"
@@ -173,10 +174,13 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         if cfg.training_policy != "none":
             training = TrainingSide(cfg.node, runtime, registry.build_training(cfg.training_policy, settings),
                                     bus.publish, split=cfg.training_split, stale_after_s=cfg.training_stale_s)
-        originals = (str(Path(cfg.state_dir) / f"limits-{subjects.token(cfg.node)}.json")
-                     if cfg.state_dir else None)
+        state = Path(cfg.state_dir) if cfg.state_dir else None
+        originals = str(state / f"limits-{subjects.token(cfg.node)}.json") if state else None
+        # What `dqoes control` changes outlives a restart, unless the worker's policy or flags changed.
+        params_file = str(state / f"params-{subjects.token(cfg.node)}.json") if state else None
         worker = Worker(cfg.node, runtime, ctrl, bus.publish, state_interval_s=cfg.state_interval_s,
-                        training=training, originals_file=originals)
+                        training=training, originals_file=originals, params_file=params_file,
+                        params_key={"policy": cfg.policy, "settings": settings})
         await worker.start()
     except (RuntimeFailure, ValueError, KeyError) as e:
         if runtime is not None:

@@ -16,8 +16,9 @@ import logging
 import math
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from services.worker.training import TrainingSide, is_training
 from shared import subjects
@@ -60,8 +61,16 @@ class Worker:
         wall: Callable[[], float] = time.time,
         training: TrainingSide | None = None,
         originals_file: str | None = None,
+        params_file: str | None = None,
+        params_key: Mapping[str, Any] | None = None,
     ) -> None:
         self.node = node
+        self.params_file = params_file
+        """Where what `dqoes control` changed is kept, so that a restarted worker keeps it (None: not)."""
+        self.params_key = json.loads(json.dumps(dict(params_key or {}), default=str))  # as the file has it
+        """The configuration the changes were made on (policy and flags): see `restored_params`."""
+        self.controlled: dict[str, float] = {}
+        """Every parameter `dqoes control` changed on this node (restored ones included), by name."""
         self.originals_file = originals_file
         """Where the limits containers had before this node's worker first saw them are kept, so a
         worker restarted after a crash still knows them (`restore_limits`, --on-stop restore)."""
@@ -100,6 +109,16 @@ class Worker:
         """Refused control messages and objectives: one line per 5 s per kind, with a count."""
         self._next_state_wall = 0.0
         self._stopping = False
+        restored = restored_params(params_file, self.params_key)
+        if restored:
+            error = self._set_params(restored)
+            if error:
+                log.warning("parameters set by control in %s not restored: %s", params_file, error)
+                Path(str(params_file)).unlink(missing_ok=True)
+            else:
+                self.controlled = restored
+                log.info("restored the parameters set by control before this worker started: %s",
+                         ", ".join(f"{k}={v:g}" for k, v in sorted(restored.items())))
 
     # -- events ---------------------------------------------------------------
 
@@ -167,34 +186,41 @@ class Worker:
         must pass its checks; otherwise nothing changes and the reply says
         why. A message that asks for nothing is a read.
         """
-        policy = self.ctrl.policy
-        fields = {f.name for f in dataclasses.fields(policy.params)}
         asked = msg.asked()
-        unknown = sorted(set(asked) - fields)
-        error = ""
-        if unknown:
-            error = (f"policy {policy.name} has no parameter {', '.join(unknown)} "
-                     f"(it has: {', '.join(sorted(fields))})")
-        elif asked:
-            try:
-                current = dataclasses.asdict(policy.params)
-                typed = {k: int(v) if isinstance(current[k], int) and not isinstance(current[k], bool)
-                         and float(v).is_integer() else v for k, v in asked.items()}
-                bad = [k for k in typed if isinstance(current[k], bool)]
-                if bad:
-                    raise ValueError(f"{bad[0]} is a switch, not a number")
-                params = dataclasses.replace(policy.params, **typed)
-            except (ValueError, TypeError) as e:
-                error = str(e)
-            else:
-                policy.set_params(params)
-                self.ctrl.next_round_at_s = self.clock()
-                log.info("parameters now %s", params)
-                self.wake.set()
+        error = self._set_params(asked) if asked else ""
         if error:
             self.refusals.log("control", "control message refused: %s", error)
-        return ControlReply(node=self.node, policy=policy.name, ok=not error, error=error,
+        elif asked:
+            self.controlled.update({k: float(v) for k, v in asked.items()})
+            if self.params_file:
+                _write_json(self.params_file, {"key": self.params_key, "changed": self.controlled},
+                            "the parameters set by control")
+            self.wake.set()
+        return ControlReply(node=self.node, policy=self.ctrl.policy.name, ok=not error, error=error,
                             params=self.params_in_force(), changed=() if error else tuple(sorted(asked)))
+
+    def _set_params(self, asked: Mapping[str, float]) -> str:
+        """Set the policy's parameters by name; the error ("" if none), and then nothing changes."""
+        policy = self.ctrl.policy
+        fields = {f.name for f in dataclasses.fields(policy.params)}
+        unknown = sorted(set(asked) - fields)
+        if unknown:
+            return (f"policy {policy.name} has no parameter {', '.join(unknown)} "
+                    f"(it has: {', '.join(sorted(fields))})")
+        try:
+            current = dataclasses.asdict(policy.params)
+            typed = {k: int(v) if isinstance(current[k], int) and not isinstance(current[k], bool)
+                     and float(v).is_integer() else v for k, v in asked.items()}
+            bad = [k for k in typed if isinstance(current[k], bool)]
+            if bad:
+                raise ValueError(f"{bad[0]} is a switch, not a number")
+            params = dataclasses.replace(policy.params, **typed)
+        except (ValueError, TypeError) as e:
+            return str(e)
+        policy.set_params(params)
+        self.ctrl.next_round_at_s = self.clock()
+        log.info("parameters now %s", params)
+        return ""
 
     def params_in_force(self) -> dict[str, float]:
         return {k: float(v) for k, v in dataclasses.asdict(self.ctrl.policy.params).items()
@@ -520,14 +546,43 @@ def _load_originals(path: str | None) -> dict[str, float | None]:
 
 
 def _save_originals(path: str | None, originals: dict[str, float | None]) -> None:
-    if not path:
-        return
+    if path:
+        _write_json(path, originals, "the original limits")
+
+
+def _write_json(path: str, obj: Any, what: str) -> None:
+    """Replace `path` with `obj` as JSON in one step (a crash leaves the old file or the new)."""
     tmp = Path(path + ".tmp")
     try:
-        tmp.write_text(json.dumps(originals))
+        tmp.write_text(json.dumps(obj))
         os.replace(tmp, path)
     except OSError as e:
-        log.warning("could not keep the original limits in %s: %s", path, e)
+        log.warning("could not keep %s in %s: %s", what, path, e)
+
+
+def restored_params(path: str | None, key: Mapping[str, Any]) -> dict[str, float]:
+    """What `dqoes control` changed on this node's last worker, if it ran with the same configuration.
+
+    A restarted worker (a crash, a supervisor, a host reboot) keeps an operator's change. A worker
+    started with another policy or other flags drops them: the new configuration is what its operator
+    asked for last. Unreadable or malformed files are dropped with a warning."""
+    if not path or not Path(path).exists():
+        return {}
+    try:
+        obj = json.loads(Path(path).read_text())
+        changed = obj["changed"]
+        if not isinstance(changed, dict) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in changed.values()):
+            raise ValueError("changed: expected numbers by name")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        log.warning("parameters set by control in %s not restored: %s", path, e)
+        Path(path).unlink(missing_ok=True)
+        return {}
+    if obj.get("key") != dict(key):
+        log.info("parameters set by control in %s dropped: the worker now runs with other flags", path)
+        Path(path).unlink(missing_ok=True)
+        return {}
+    return {str(k): float(v) for k, v in changed.items()}
 
 
 def _fraction(limit: float | None) -> float | None:

@@ -27,7 +27,7 @@ from shared import subjects
 from shared.bus import Bus, BusError
 from shared.public import parse_target_reply
 from shared.scenarios.spec import parse_scenario
-from shared.schema import NodeState
+from shared.schema import ControlMsg, ControlReply, NodeState, decode_as
 
 pytestmark = [pytest.mark.integration]
 REPO = Path(__file__).resolve().parents[2]
@@ -120,6 +120,17 @@ def _try(go) -> dict | None:
     return reply if reply.get("ok") else None
 
 
+def control(stack: Stack, msg: ControlMsg) -> ControlReply:
+    """`dqoes control` as the admin sends it to n1's worker."""
+    async def go() -> ControlReply:
+        bus = await Bus.connect(stack.url_for("admin"), "admin")
+        try:
+            return decode_as(await bus.request(subjects.control("n1"), msg, timeout_s=3.0), ControlReply)
+        finally:
+            await bus.close()
+    return asyncio.run(go())
+
+
 def objective_of(ns: NodeState, name: str) -> float | None:
     return next((c.objective_s for c in ns.containers if c.container == name), None)
 
@@ -138,6 +149,9 @@ def supervised(tmp_path):
 
 def test_a_killed_worker_comes_back_with_the_stored_objective_in_its_first_round(supervised):
     stack = supervised.stack
+    # An operator's parameter change outlives the worker too (kept in the stack's state directory).
+    assert control(stack, ControlMsg(alpha=0.25)).ok
+    assert (stack.run_dir / "params-n1.json").is_file()
     stack.procs["worker-n1"].send_signal(signal.SIGKILL)
     wait_for(lambda: any("worker-n1 restarted" in line for line in supervised.lines))
     assert any("worker-n1 exited with status -9" in line for line in supervised.lines)
@@ -145,6 +159,7 @@ def test_a_killed_worker_comes_back_with_the_stored_objective_in_its_first_round
     # already carries the stored objective, not the scenario's 100 s.
     first = states(stack, lambda ns: ns.round >= 1)
     assert objective_of(first, "c1") == 30.0
+    assert first.params["alpha"] == 0.25
 
 
 def test_a_killed_manager_comes_back_and_keeps_the_objectives(supervised):
