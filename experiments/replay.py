@@ -89,7 +89,8 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
                 ctl.add(name, t, objective_s=objective_s, alpha=alpha, cpu_total_s=0.0, limit=c["old_limit"])
                 cpu_total[name] = 0.0
                 run_limit[name] = own[name] = c["old_limit"]
-            if c.get("cpu_share") is not None and name in cpu_total:
+            elif c.get("cpu_share") is not None and name in cpu_total:
+                # What it used since the last round (one added now has its baseline here, at 0).
                 cpu_total[name] += c["cpu_share"] * (t - last_t) * cores
         for gone in [n for n in ctl.containers if n not in seen]:
             ctl.remove(gone, t)

@@ -92,6 +92,32 @@ def test_replayed_with_the_runs_settings_every_decision_comes_out_as_recorded(ru
         assert c["replayed"] == c["recorded"], name
 
 
+def test_the_replayed_rounds_see_the_cpu_shares_the_run_saw(run_dir, monkeypatch):
+    # A container added at a round has its CPU baseline there: what it used before must not count
+    # towards its next share (it did, and the second round's shares came out a few per mille high).
+    rows, cores = replay.load_run(run_dir, "learned")
+    # On a real node the first round comes a moment after the observer's time 0 and reports a share
+    # (the worker read the counters when it added the container); this record's first round ran at
+    # 0 with none, so it is moved two seconds on and given one.
+    rows = [dict(r, t_s=r["t_s"] + 2.0) for r in rows]
+    first = next(r for r in rows if r["kind"] == "decision")
+    first["containers"] = {n: dict(c, cpu_share=0.3) for n, c in first["containers"].items()}
+    recorded = {r["t_s"]: r["containers"] for r in rows if r["kind"] == "decision"}
+    seen: list[tuple[float, float, float]] = []
+    run_round = NodeController.run_round
+
+    def watched(self, now_s, totals):
+        d = run_round(self, now_s, totals)
+        seen.extend((c.cpu_share, recorded[now_s][c.name]["cpu_share"], now_s) for c in d.containers
+                    if recorded[now_s][c.name]["cpu_share"] is not None and c.cpu_share is not None)
+        return d
+
+    monkeypatch.setattr(NodeController, "run_round", watched)
+    replay.replay(rows, "learned", cores)
+    assert len(seen) > 10
+    assert all(got == pytest.approx(want, rel=1e-9) for got, want, _ in seen), seen[:6]
+
+
 def test_an_objective_changed_mid_run_is_replayed_from_the_round_it_took_effect():
     # The slow container's objective is halved, then relaxed: each is a round the worker ran at once
     # with the new objective, and the replay must decide those rounds (and the ones after) with it.
