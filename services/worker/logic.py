@@ -294,7 +294,7 @@ class Worker:
         if self.ctrl.managed and self.ctrl.due(now):
             started = time.perf_counter()
             totals = await self._cpu_totals()
-            now = self.clock()
+            now, ran_at = self.clock(), self.wall()
             decision = self.ctrl.run_round(now, totals)
             self.rounds += 1
             await self._apply(decision)
@@ -302,7 +302,7 @@ class Worker:
             for observe in self.round_observers:
                 observe(took_s)
             await self.publish(subjects.decisions(self.node),
-                               DecisionMsg.from_decision(decision, self.rounds, self.wall()))
+                               DecisionMsg.from_decision(decision, self.rounds, ran_at))
         state_due = decision is not None or self.wall() >= self._next_state_wall
         if self.training is not None:
             if await self.training.step(self.inference_reserved()) is None and state_due and self.training.jobs:
