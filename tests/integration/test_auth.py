@@ -271,16 +271,21 @@ async def wait_for(pred, timeout_s: float = 20.0):
 
 
 async def request_when_up(bus: Bus, subject: str, payload: bytes, timeout_s: float = 20.0) -> bytes:
-    """A request to a service that may still be starting: its worker can report before the manager
-    has subscribed (seen once on a loaded CI machine), so no responder yet is retried, not a failure."""
+    """A request to a manager that may still be starting: the worker can report before the manager
+    has subscribed, or before the manager has heard the worker's first state (both seen on a loaded
+    CI machine: "no responders", then "unknown container"). Either is retried until the reply is ok
+    or the time is up; the last reply is returned."""
     t_end = time.monotonic() + timeout_s
     while True:
         try:
-            return await bus.request(subject, payload)
+            reply = await bus.request(subject, payload)
         except NoResponders:
             if time.monotonic() >= t_end:
                 raise
-            await asyncio.sleep(0.1)
+        else:
+            if orjson.loads(reply).get("ok") or time.monotonic() >= t_end:
+                return reply
+        await asyncio.sleep(0.1)
 
 
 @pytest.fixture
