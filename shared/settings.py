@@ -68,8 +68,12 @@ def parse_policy_entry(entry: str) -> tuple[str, dict[str, float]]:
 
 
 def policy_entry(name: str, settings: dict[str, float]) -> str:
-    """The entry `parse_policy_entry` reads back: the policy, then its settings in name order."""
-    return ":".join([name, *(f"{k}={v:g}" for k, v in sorted(settings.items()))])
+    """The entry `parse_policy_entry` reads back: the policy, then its settings in name order, each
+    value in its shortest form that reads back as the same number (0, not 0.0; all its digits)."""
+    def shown(v: float) -> str:
+        short = f"{v:g}"
+        return short if float(short) == v else repr(float(v))
+    return ":".join([name, *(f"{k}={shown(v)}" for k, v in sorted(settings.items()))])
 
 
 def nats_url(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:

@@ -21,7 +21,7 @@ from shared.core import registry
 from shared.core.profiles import ModelProfile
 from shared.scenarios.builtin import BUILTINS
 from shared.scenarios.training import TRAINING_BUILTINS
-from shared.settings import parse_policy_entry
+from shared.settings import parse_policy_entry, policy_entry
 from shared.sim.engine import SimResult
 from shared.timeline import run_file_name
 
@@ -300,7 +300,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     # The run's own settings for that policy (its label says them), then the ones asked for.
     settings = {**run_settings, **parse_assignments(args.set)}
     try:
-        rows, cores = replay.load_run(args.run_dir, args.policy)
+        # The record is named by the label as `experiment real` wrote it (settings in name order).
+        rows, cores = replay.load_run(args.run_dir, policy_entry(policy, run_settings))
         res = replay.replay(rows, policy, cores, settings)
     except ValueError as e:
         raise CliError(str(e)) from None

@@ -47,6 +47,9 @@ def test_policies_may_name_one_policy_under_two_settings():
     # The label is the settings in name order, so the same run cannot be asked for twice.
     assert list(realexp.policy_runs("learned:initial_interval_s=2:half_life_s=0")) == [
         "learned:half_life_s=0:initial_interval_s=2"]
+    # Settings that differ only past six digits are two runs, each labelled with all its digits.
+    assert list(realexp.policy_runs("learned:half_life_s=0.1234567,learned:half_life_s=0.1234568")) == [
+        "learned:half_life_s=0.1234567", "learned:half_life_s=0.1234568"]
     for bad, message in (("learned:half_life=0", "has no parameter half_life"),
                          ("learned:half_life_s=-1", "half_life_s must be"),
                          ("learned:half_life_s", "expected NAME=VALUE"),

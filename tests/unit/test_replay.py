@@ -170,6 +170,9 @@ def test_a_record_of_a_policy_run_with_settings_replays_with_them(tmp_path, caps
     assert main(["experiment", "replay", str(tmp_path), "half_life_s=60", "--policy", "learned:half_life_s=0",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["settings"] == {"half_life_s": 60.0}
+    # The label as typed need not be the record's own spelling: 0.0 is 0.
+    assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s=0.0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["agreement"] == 1.0
     assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s"]) == 2
     assert "expected NAME=VALUE" in capsys.readouterr().err
 
