@@ -14,7 +14,8 @@ The model (docs/algorithms.md, "The learned allocator"):
 - below the container's saturation, log L = theta0 - k log c: a power law in
   the cores c it gets (k = 1 is "work / cores"; real quotas cost extra CPU at
   small limits, k > 1). Fitted by weighted Bayesian linear regression in
-  (log c, log L) with a prior k ~ N(1, 0.35^2) and, only when asked
+  (log c, log L) with a prior k ~ N(1, 0.35^2), narrowed to the slope the node's other
+  containers show where theirs are pinned down and agree (`pool_slopes`), and, only when asked
   (`use_prior`), a prior on theta0 from a calibrated profile;
 - c for a batch is its limit when the limit bound it (the batch used at least
   BINDING of it), else the CPU it actually got (CPU-seconds / latency);
@@ -111,6 +112,10 @@ trimmed at each arrival. What it holds over its plan is taken back (largest hold
 any plan is cut."""
 TOO_FAST_FIRST = 1.5
 """The same before it is held as too fast: a newcomer's share past this many floors is trimmed."""
+POOL_MIN = 3
+"""Containers of a node whose slopes the data pins down before their slopes inform the others."""
+POOL_PINNED = 0.5
+"""A slope is pinned down when its posterior sd is at most this share of its prior's."""
 SWITCH_EVIDENCE = 0.02
 """A container's fit changes memory once the other foresaw its batches better by this share of both
 memories' squared errors (about 4 % of the mean squared error)."""
@@ -140,6 +145,9 @@ class LearnedParams(BaseParams):
     """What a container that cannot be met gets at most, in fair shares of the node (node / |C|)."""
     use_prior: float = 0.0
     """1: start each curve from the container's calibrated profile (when one is known); 0: observations only."""
+    pool_slopes: float = 1.0
+    """1: a container's prior on its slope is what the node's other containers show, where their
+    slopes are pinned down and agree (docs/algorithms.md, "Slopes shared on a node"); 0: its own."""
     expected_aim: float = 1.0
     """1: aim each container where its next batch is most often met and in band under the measured
     noise, and give what is left to one left out for room where that is worth more than an equal split;
@@ -153,7 +161,7 @@ class LearnedParams(BaseParams):
         check_total_resource(self.total_resource)
         for name, lo, hi in (("half_life_batches", 1.0, 1000.0), ("half_life_s", 0.0, 3600.0),
                              ("confidence_z", 0.0, 5.0),
-                             ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0),
+                             ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0), ("pool_slopes", 0.0, 1.0),
                              ("expected_aim", 0.0, 1.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and lo <= v <= hi):
@@ -191,6 +199,9 @@ class Curve:
     """Prior on theta0 (log CPU-seconds at one core); infinite: none."""
     k_mean: float = 1.0
     k_sd: float = K_PRIOR_SD
+    k_node: tuple[float, float] | None = None
+    """(mean, sd) of the slope the node's other containers show (docs/algorithms.md, "Slopes shared
+    on a node"): the prior on k in place of (k_mean, k_sd) where it is narrower."""
     sat_cores: float | None = None
     """Most cores the container has been seen able to use; None: no sign of a ceiling."""
     suspects: list[tuple[float, float, float, float]] = field(default_factory=list)
@@ -285,9 +296,17 @@ class Curve:
         """The sums over the memory in batches, in the order of `long_sums`."""
         return [self.sw, self.sw2, self.sx, self.sy, self.sxx, self.sxy, self.syy]
 
-    def solve_memory(self, long: bool) -> tuple[float, float, float, float, float, float] | None:
-        """The fit over the short memory (half-life in batches) or the long one (`half_life_s`)."""
+    def k_prior(self) -> tuple[float, float]:
+        """(mean, sd) of the prior on k in use: the node's where it is narrower than the curve's own."""
+        if self.k_node is not None and self.k_node[1] < self.k_sd:
+            return self.k_node
+        return self.k_mean, self.k_sd
+
+    def solve_memory(self, long: bool, own: bool = False) -> tuple[float, float, float, float, float, float] | None:
+        """The fit over the short memory (half-life in batches) or the long one (`half_life_s`); with
+        `own`, under the curve's own prior on k (what its data says, for the node's pool)."""
         sw, sw2, sx, sy, sxx, sxy, syy = self.long_sums if long else self.short_sums
+        k_mean, k_sd = (self.k_mean, self.k_sd) if own else self.k_prior()
         if sw <= 0:
             return None
         # y = theta0 - k x: design row (1, -x).
@@ -298,9 +317,9 @@ class Curve:
         for _ in range(2):
             p11 = a11 / sigma2 + (0.0 if math.isinf(self.theta_sd) else 1 / self.theta_sd**2) + 1e-9
             p12 = a12 / sigma2
-            p22 = a22 / sigma2 + 1 / self.k_sd**2
+            p22 = a22 / sigma2 + 1 / k_sd**2
             r1 = b1 / sigma2 + (0.0 if math.isinf(self.theta_sd) else self.theta_mean / self.theta_sd**2)
-            r2 = b2 / sigma2 + self.k_mean / self.k_sd**2
+            r2 = b2 / sigma2 + k_mean / k_sd**2
             det = p11 * p22 - p12 * p12
             if det <= 0:
                 return None
@@ -310,7 +329,7 @@ class Curve:
             rss = syy - 2 * theta * sy + 2 * k * sxy + theta * theta * sw - 2 * theta * k * sx + k * k * sxx
             # The fit took some of the spread: divide by the weight left once its effective parameters
             # (2 less what the priors pin down) have taken their share of it, each sw2 / sw.
-            dof = 2.0 - (0.0 if math.isinf(self.theta_sd) else p22 / det / self.theta_sd**2) - p11 / det / self.k_sd**2
+            dof = 2.0 - (0.0 if math.isinf(self.theta_sd) else p22 / det / self.theta_sd**2) - p11 / det / k_sd**2
             left = max(0.0, sw - dof * sw2 / sw)
             sigma2 = (max(0.0, rss) + NOISE_PSEUDO * NOISE_PRIOR**2) / (left + NOISE_PSEUDO)
         k = min(K_RANGE[1], max(K_RANGE[0], k))
@@ -486,6 +505,8 @@ class LearnedPolicy(PolicyBase):
         busy = sum(v.cpu_share or 0.0 for v in view.containers)
         for v in view.containers:
             self._observe(v, self._curve(v.name), cores, busy)
+        if p.pool_slopes >= 0.5:
+            _pool_slopes(self.curves)
         plans = self._solve(view.containers, cores)
         floor = floor_limit(len(view.containers))
         proposal: dict[str, float] = {}
@@ -777,6 +798,48 @@ def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float]
             return
     _release(curve, decay)
     curve.add(x, y, w, decay)
+
+
+def _pool_slopes(curves: dict[str, Curve]) -> None:
+    """Set each curve's node prior on its slope from the others' pinned-down slopes.
+
+    A random-effects pool: each pinned slope (its own data's posterior mean and variance) counts by
+    1 / (its variance + the spread between containers); the prior is the pooled mean, as wide as the
+    spread plus the mean's own variance. The spread is measured over every pinned slope, a curve's
+    own included (one that differs widens everyone's prior, its own too); the mean leaves the curve's
+    own slope out, so that it never informs its own prior. Fewer than POOL_MIN others: no node prior.
+    """
+    pinned: dict[str, tuple[float, float]] = {}
+    for name, c in curves.items():
+        f = c.solve_memory(c.long_active, own=True)
+        if f is not None and math.sqrt(f[4]) <= POOL_PINNED * c.k_sd:
+            pinned[name] = (f[1], f[4])
+    tau2 = _between_variance(list(pinned.values())) if len(pinned) >= 2 else 0.0
+    for name, c in curves.items():
+        others = [kv for n, kv in pinned.items() if n != name]
+        prior = _pooled(others, tau2) if len(others) >= POOL_MIN else None
+        if prior != c.k_node:
+            c.k_node = prior
+            c.fit = None
+
+
+def _between_variance(slopes: Sequence[tuple[float, float]]) -> float:
+    """The variance of the true slopes between containers, from (estimate, variance) pairs: the
+    DerSimonian-Laird moment estimate (what the estimates spread beyond their own variances)."""
+    w = [1.0 / max(v, 1e-12) for _, v in slopes]
+    sw = sum(w)
+    fixed = sum(wi * k for wi, (k, _) in zip(w, slopes, strict=True)) / sw
+    q = sum(wi * (k - fixed) ** 2 for wi, (k, _) in zip(w, slopes, strict=True))
+    c = sw - sum(wi * wi for wi in w) / sw
+    return max(0.0, (q - (len(slopes) - 1)) / c) if c > 0 else 0.0
+
+
+def _pooled(slopes: Sequence[tuple[float, float]], tau2: float) -> tuple[float, float]:
+    """(mean, predictive sd) of one more container's slope, given (estimate, variance) pairs and the
+    variance between containers."""
+    ws = [1.0 / (max(v, 1e-12) + tau2) for _, v in slopes]
+    mean = sum(wi * k for wi, (k, _) in zip(ws, slopes, strict=True)) / sum(ws)
+    return mean, math.sqrt(tau2 + 1.0 / sum(ws))
 
 
 def _release(curve: Curve, decay: tuple[float, float]) -> None:

@@ -1,0 +1,119 @@
+"""Slopes shared on a node (`pool_slopes`): a container seen at one limit borrows the slope its
+neighbours have shown, as much as they agree, and never its own.
+
+Curves are fed directly: batches of a model whose latency is W / cores**k, with a small
+deterministic wobble so that every fit has some noise to measure.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shared.core.learned import (
+    K_PRIOR_SD,
+    POOL_MIN,
+    Curve,
+    LearnedParams,
+    LearnedPolicy,
+    _between_variance,
+    _pool_slopes,
+    _pooled,
+)
+from shared.core.types import BatchObs, ContainerView, NodeView
+
+DECAY = (0.5 ** (1 / 8), 0.5 ** (1 / 8))
+
+
+def seen(k: float, limits_cores: tuple[float, ...], work: float = 10.0, rounds: int = 4) -> Curve:
+    """A curve fed `rounds` batches at each limit of a container whose latency is work / cores**k."""
+    c = Curve()
+    i = 0
+    for _ in range(rounds):
+        for cores in limits_cores:
+            wobble = 0.03 * (1 if i % 2 else -1)
+            c.add(math.log(cores), math.log(work) - k * math.log(cores) + wobble, 1.0, DECAY)
+            i += 1
+    return c
+
+
+def test_one_agreed_slope_is_a_mean_with_the_uncertainty_of_a_mean():
+    slopes = [(1.0, 0.01)] * 4
+    assert _between_variance(slopes) == 0.0
+    mean, sd = _pooled(slopes, 0.0)
+    assert mean == pytest.approx(1.0)
+    assert sd == pytest.approx(math.sqrt(0.01 / 4))
+
+
+def test_slopes_that_disagree_leave_the_prior_as_wide_as_their_spread():
+    slopes = [(0.7, 0.001), (1.0, 0.001), (1.3, 0.001), (1.6, 0.001)]
+    tau2 = _between_variance(slopes)
+    spread2 = sum((k - 1.15) ** 2 for k, _ in slopes) / 3
+    assert tau2 == pytest.approx(spread2 - 0.001, rel=1e-6)
+    mean, sd = _pooled(slopes, tau2)
+    assert mean == pytest.approx(1.15, abs=1e-6)
+    assert sd >= math.sqrt(spread2 - 0.001)
+
+
+def test_a_container_seen_at_one_limit_borrows_its_neighbours_slope():
+    curves = {f"n{i}": seen(1.0, (0.5, 1.0, 2.0)) for i in range(4)}
+    curves["new"] = seen(1.0, (1.0,), rounds=3)
+    alone = Curve(**{f: getattr(curves["new"], f) for f in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n")},
+                  long_sums=list(curves["new"].long_sums))
+    _pool_slopes(curves)
+    prior = curves["new"].k_node
+    assert prior is not None and prior[0] == pytest.approx(1.0, abs=0.02) and prior[1] < K_PRIOR_SD / 3
+    # Far from where it was seen, what it foresees is much surer than on its own.
+    far_pooled, far_alone = curves["new"].predict(3.0), alone.predict(3.0)
+    assert far_pooled is not None and far_alone is not None
+    assert far_pooled[1] < far_alone[1] / 2
+    # One limit says little of a slope: the newcomer's does not join the pool of the others.
+    without = {n: seen(1.0, (0.5, 1.0, 2.0)) for n in curves if n != "new"}
+    _pool_slopes(without)
+    assert all(without[n].k_node == curves[n].k_node for n in without)
+
+
+def test_a_slope_never_informs_its_own_prior():
+    # POOL_MIN pinned slopes: each has only POOL_MIN - 1 others, so none gets a node prior; a newcomer,
+    # which sees all of them, does.
+    curves = {f"n{i}": seen(1.0, (0.5, 1.0, 2.0)) for i in range(POOL_MIN)}
+    curves["new"] = seen(1.0, (1.0,), rounds=2)
+    _pool_slopes(curves)
+    assert all(curves[f"n{i}"].k_node is None for i in range(POOL_MIN))
+    assert curves["new"].k_node is not None
+
+
+def test_a_neighbour_with_another_slope_is_learnt_from_its_own_batches():
+    # Three containers with k = 1 and one with k = 1.6, all seen at three limits: the odd one's fit
+    # stays near its own slope (the spread it adds widens its prior, and its data outweigh it).
+    curves = {f"n{i}": seen(1.0, (0.5, 1.0, 2.0)) for i in range(3)}
+    curves["odd"] = seen(1.6, (0.5, 1.0, 2.0))
+    curves["new"] = seen(1.0, (1.0,), rounds=2)
+    _pool_slopes(curves)
+    fit = curves["odd"].solve()
+    assert fit is not None and fit[1] == pytest.approx(1.6, abs=0.1)
+    # The newcomer's prior is not narrower than the slopes it comes from disagree.
+    prior = curves["new"].k_node
+    assert prior is not None and prior[1] >= 0.2
+
+
+def _view(name: str, limit: float, latency_s: float) -> ContainerView:
+    b = BatchObs(latency_s=latency_s, finished_at_s=100.0, limit=limit, clean=True, index=3,
+                 cpu_s=latency_s * limit * 4.0)
+    return ContainerView(name=name, objective_s=12.0, alpha=0.1, latency_s=latency_s, last_latency_s=latency_s,
+                         cpu_share=limit, limit=limit, batches=(b,))
+
+
+@pytest.mark.parametrize("pool", [0.0, 1.0])
+def test_the_pool_is_a_setting_and_off_leaves_every_curve_its_own_prior(pool):
+    policy = LearnedPolicy(LearnedParams(pool_slopes=pool))
+    for i in range(4):
+        policy.curves[f"n{i}"] = seen(1.0, (0.5, 1.0, 2.0))
+    policy.curves["new"] = seen(1.0, (1.0,), rounds=2)
+    views = tuple(_view(n, 0.2, 10.0 / 0.8) for n in policy.curves)
+    policy.decide(NodeView(node="n1", cores=4.0, now_s=100.0, containers=views))
+    prior = policy.curves["new"].k_node
+    assert (prior is not None) == (pool == 1.0)
+    with pytest.raises(ValueError, match="pool_slopes must be a number in"):
+        LearnedParams(pool_slopes=2.0)
