@@ -815,9 +815,17 @@ def _pool_slopes(curves: dict[str, Curve]) -> None:
         if f is not None and math.sqrt(f[4]) <= POOL_PINNED * c.k_sd:
             pinned[name] = (f[1], f[4])
     tau2 = _between_variance(list(pinned.values())) if len(pinned) >= 2 else 0.0
+    # Sums over every pinned slope, each curve's own taken out again: one pass, however many.
+    weights = {n: 1.0 / (max(v, 1e-12) + tau2) for n, (_, v) in pinned.items()}
+    sw = sum(weights.values())
+    swk = sum(weights[n] * k for n, (k, _) in pinned.items())
     for name, c in curves.items():
-        others = [kv for n, kv in pinned.items() if n != name]
-        prior = _pooled(others, tau2) if len(others) >= POOL_MIN else None
+        own_w, own_wk = (weights[name], weights[name] * pinned[name][0]) if name in pinned else (0.0, 0.0)
+        others = len(pinned) - (name in pinned)
+        prior = None
+        if others >= POOL_MIN:
+            w = sw - own_w
+            prior = ((swk - own_wk) / w, math.sqrt(tau2 + 1.0 / w))
         if prior != c.k_node:
             c.k_node = prior
             c.fit = None
@@ -832,14 +840,6 @@ def _between_variance(slopes: Sequence[tuple[float, float]]) -> float:
     q = sum(wi * (k - fixed) ** 2 for wi, (k, _) in zip(w, slopes, strict=True))
     c = sw - sum(wi * wi for wi in w) / sw
     return max(0.0, (q - (len(slopes) - 1)) / c) if c > 0 else 0.0
-
-
-def _pooled(slopes: Sequence[tuple[float, float]], tau2: float) -> tuple[float, float]:
-    """(mean, predictive sd) of one more container's slope, given (estimate, variance) pairs and the
-    variance between containers."""
-    ws = [1.0 / (max(v, 1e-12) + tau2) for _, v in slopes]
-    mean = sum(wi * k for wi, (k, _) in zip(ws, slopes, strict=True)) / sum(ws)
-    return mean, math.sqrt(tau2 + 1.0 / sum(ws))
 
 
 def _release(curve: Curve, decay: tuple[float, float]) -> None:

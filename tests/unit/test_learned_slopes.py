@@ -19,7 +19,6 @@ from shared.core.learned import (
     LearnedPolicy,
     _between_variance,
     _pool_slopes,
-    _pooled,
 )
 from shared.core.types import BatchObs, ContainerView, NodeView
 
@@ -38,22 +37,38 @@ def seen(k: float, limits_cores: tuple[float, ...], work: float = 10.0, rounds: 
     return c
 
 
-def test_one_agreed_slope_is_a_mean_with_the_uncertainty_of_a_mean():
-    slopes = [(1.0, 0.01)] * 4
-    assert _between_variance(slopes) == 0.0
-    mean, sd = _pooled(slopes, 0.0)
-    assert mean == pytest.approx(1.0)
-    assert sd == pytest.approx(math.sqrt(0.01 / 4))
+def pooled(slopes: list[tuple[float, float]], tau2: float) -> tuple[float, float]:
+    """The random-effects mean and predictive sd, written out: what `_pool_slopes` must give."""
+    w = [1.0 / (v + tau2) for _, v in slopes]
+    mean = sum(wi * k for wi, (k, _) in zip(w, slopes, strict=True)) / sum(w)
+    return mean, math.sqrt(tau2 + 1.0 / sum(w))
 
 
-def test_slopes_that_disagree_leave_the_prior_as_wide_as_their_spread():
+def own_slope(c: Curve) -> tuple[float, float]:
+    f = c.solve_memory(c.long_active, own=True)
+    assert f is not None
+    return f[1], f[4]
+
+
+def test_slopes_that_agree_have_no_spread_and_those_that_disagree_have_theirs():
+    assert _between_variance([(1.0, 0.01)] * 4) == 0.0
     slopes = [(0.7, 0.001), (1.0, 0.001), (1.3, 0.001), (1.6, 0.001)]
-    tau2 = _between_variance(slopes)
     spread2 = sum((k - 1.15) ** 2 for k, _ in slopes) / 3
-    assert tau2 == pytest.approx(spread2 - 0.001, rel=1e-6)
-    mean, sd = _pooled(slopes, tau2)
-    assert mean == pytest.approx(1.15, abs=1e-6)
-    assert sd >= math.sqrt(spread2 - 0.001)
+    # What the estimates spread beyond their own variance.
+    assert _between_variance(slopes) == pytest.approx(spread2 - 0.001, rel=1e-6)
+
+
+def test_each_prior_is_the_pool_of_the_others_with_everyones_spread():
+    curves = {f"n{i}": seen(k, (0.5, 1.0, 2.0)) for i, k in enumerate((0.9, 1.0, 1.1, 1.3))}
+    curves["new"] = seen(1.0, (1.0,), rounds=2)
+    _pool_slopes(curves)
+    pinned = {n: own_slope(curves[n]) for n in curves if n != "new"}
+    tau2 = _between_variance(list(pinned.values()))
+    assert tau2 > 0
+    assert curves["new"].k_node == pytest.approx(pooled(list(pinned.values()), tau2), rel=1e-9)
+    for name in pinned:
+        others = [kv for n, kv in pinned.items() if n != name]
+        assert curves[name].k_node == pytest.approx(pooled(others, tau2), rel=1e-9)
 
 
 def test_a_container_seen_at_one_limit_borrows_its_neighbours_slope():
