@@ -101,7 +101,25 @@ def test_worker_metrics_match_its_node_state(stack):
     assert m["dqoes_bus_dropped_messages_total"][(("node", "worker-1"),)] == 0
 
 
+def manager_knows_every_container(metrics_url: str, timeout_s: float = 40.0) -> None:
+    """Wait until the manager serves its metrics and has heard the worker's state with all ten
+    containers (run alone, this file's manager test would otherwise scrape a server not yet up, or ask
+    for an objective of a container not yet known)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            m = scrape(metrics_url)
+        except OSError:  # not serving yet
+            m = {}
+        if sum(m.get("dqoes_cluster_node_containers", {}).values()) == 10:
+            return
+        assert time.monotonic() < deadline, "the manager never heard the worker's ten containers"
+        time.sleep(0.2)
+
+
 def test_manager_metrics_count_targets_and_sum_the_cluster(stack):
+    manager_knows_every_container(stack.metrics_urls["manager"])
+
     async def go():
         bus = await Bus.connect(stack.url, "test-metrics")
         try:
