@@ -507,6 +507,10 @@ class LearnedPolicy(PolicyBase):
             self._observe(v, self._curve(v.name), cores, busy)
         if p.pool_slopes >= 0.5:
             _pool_slopes(self.curves)
+        else:  # turned off at runtime: no curve keeps the node's prior it had
+            for c in self.curves.values():
+                if c.k_node is not None:
+                    c.k_node, c.fit = None, None
         plans = self._solve(view.containers, cores)
         floor = floor_limit(len(view.containers))
         proposal: dict[str, float] = {}

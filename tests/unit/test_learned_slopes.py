@@ -132,3 +132,16 @@ def test_the_pool_is_a_setting_and_off_leaves_every_curve_its_own_prior(pool):
     assert (prior is not None) == (pool == 1.0)
     with pytest.raises(ValueError, match="pool_slopes must be a number in"):
         LearnedParams(pool_slopes=2.0)
+
+
+def test_turned_off_at_runtime_no_curve_keeps_the_node_prior_it_had():
+    policy = LearnedPolicy(LearnedParams())
+    for i in range(4):
+        policy.curves[f"n{i}"] = seen(1.0, (0.5, 1.0, 2.0))
+    policy.curves["new"] = seen(1.0, (1.0,), rounds=2)
+    views = tuple(_view(n, 0.2, 10.0 / 0.8) for n in policy.curves)
+    policy.decide(NodeView(node="n1", cores=4.0, now_s=100.0, containers=views))
+    assert policy.curves["new"].k_node is not None
+    policy.set_params(LearnedParams(pool_slopes=0.0))
+    policy.decide(NodeView(node="n1", cores=4.0, now_s=105.0, containers=views))
+    assert all(c.k_node is None for c in policy.curves.values())
