@@ -14,10 +14,16 @@ decides from the limits it set itself, with the objectives the worker had at
 each round (one changed mid-run takes effect at the round it started). It is
 open loop: how batches would have run under limits that were never set is not
 known, so it says nothing about how many containers would have been met.
+
+A worker records its parameters in every state; the replay says which of its
+own differ from the run's and which the record predates (a parameter added to
+the policy since, replayed at its default unless set), so that a replay that
+disagrees with its run says why before anyone suspects the record.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -56,11 +62,13 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
     """
     settings = dict(settings or {})
     registry.check_names(policy, settings)
-    ctl = NodeController("replay", cores, registry.build(policy, settings))
+    built = registry.build(policy, settings)
+    ctl = NodeController("replay", cores, built)
     rows = list(rows)
     batches = [(r["t_s"], 0, r) for r in rows if r.get("kind") == "batch"]
     rounds = [(r["t_s"], 1, r) for r in rows if r.get("kind") == "decision"]
     states = [r for r in rows if r.get("kind") == "state"]
+    run_params = next((dict(r["params"]) for r in states if isinstance(r.get("params"), Mapping)), None)
     if not rounds:
         raise ValueError("the record has no rounds (decision rows): nothing to replay")
     objectives = _objectives_by_round(states)
@@ -131,7 +139,24 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
         "replayed_changes": sum(c["replayed"] for c in per.values()),
         "agreement": sum(c["agree"] for c in per.values()) / total_rounds if total_rounds else math.nan,
         "changes": changes,
+        **_against_run(run_params, _numbers(built.params)),
     }
+
+
+def _numbers(params: Any) -> dict[str, float]:
+    """A policy's numeric parameters, as the worker records them in its state."""
+    return {k: float(v) for k, v in dataclasses.asdict(params).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
+
+
+def _against_run(run: Mapping[str, Any] | None, replayed: Mapping[str, float]) -> dict[str, Any]:
+    """What the replay ran with against what the run's worker recorded (its first state): the
+    parameters set otherwise, and those the record does not have (added to the policy since)."""
+    if run is None:
+        return {"run_params": None, "unlike_run": {}, "not_in_record": []}
+    unlike = {n: {"run": float(run[n]), "replay": v} for n, v in replayed.items()
+              if n in run and not math.isclose(float(run[n]), v, rel_tol=1e-9, abs_tol=1e-12)}
+    return {"run_params": dict(run), "unlike_run": unlike, "not_in_record": sorted(n for n in replayed if n not in run)}
 
 
 def _objectives_by_round(states: Iterable[Mapping[str, Any]]) -> list[tuple[int, dict[str, tuple[float, float | None]]]]:
@@ -170,4 +195,14 @@ def render(res: Mapping[str, Any]) -> str:
     for name, c in sorted(res["containers"].items()):
         lines.append(f"| {name} | {c['recorded']} | {c['replayed']} | {c['agree']}/{c['rounds']} |")
     lines.append(f"| all | {res['recorded_changes']} | {res['replayed_changes']} | |")
+    if res.get("run_params") is None:
+        lines.append("\nThe record does not say the run's parameters (its worker did not keep them then).")
+    else:
+        if res["unlike_run"]:
+            lines.append("\nSet unlike the run: " + ", ".join(
+                f"{n}={d['replay']:g} (the run: {d['run']:g})" for n, d in sorted(res["unlike_run"].items())) + ".")
+        if res["not_in_record"]:
+            lines.append("\nNot in the record (added to the policy since the run): " + ", ".join(res["not_in_record"])
+                         + ". Replayed at the defaults unless set; set each (NAME=VALUE) to the value that does "
+                         "what the policy did then to replay the run as it ran.")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ learned allocator's choice between its two memories.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -20,7 +21,7 @@ from experiments import replay
 from services.cli.main import main
 from shared.core import registry
 from shared.core.controller import NodeController
-from shared.core.learned import LearnedPolicy
+from shared.core.learned import LearnedParams, LearnedPolicy
 
 CORES = 2.0
 WORK_CPU_S = {"fast": 0.3, "mid": 0.6, "slow": 1.5}
@@ -198,3 +199,23 @@ def test_the_command_prints_a_table_or_one_json_object(run_dir, capsys):
     assert "| fast |" in text and "learned: " in text
     assert main(["experiment", "replay", str(run_dir), "half_life=1"]) == 2
     assert "has no parameter half_life" in capsys.readouterr().err
+
+
+def test_it_says_which_settings_differ_from_the_runs_and_which_the_record_predates(run_dir, capsys):
+    rows, cores = replay.load_run(run_dir, "learned")
+    res = replay.replay(rows, "learned", cores)
+    assert res["run_params"] is None and res["unlike_run"] == {} and res["not_in_record"] == []
+    assert "does not say the run's parameters" in replay.render(res)
+    # The worker records its parameters in each state; this run's predates pool_slopes and had
+    # half_life_s 0.
+    ran = {k: float(v) for k, v in dataclasses.asdict(LearnedParams(half_life_s=0.0)).items()}
+    del ran["pool_slopes"]
+    with_params = [{**r, "params": ran} if r["kind"] == "state" else r for r in rows]
+    res = replay.replay(with_params, "learned", cores, {"alpha": 0.1})
+    assert res["unlike_run"] == {"half_life_s": {"run": 0.0, "replay": 60.0}}
+    assert res["not_in_record"] == ["pool_slopes"]
+    text = replay.render(res)
+    assert "Set unlike the run: half_life_s=60 (the run: 0)." in text
+    assert "Not in the record (added to the policy since the run): pool_slopes." in text
+    res = replay.replay(with_params, "learned", cores, {"half_life_s": 0.0, "pool_slopes": 0.0})
+    assert res["unlike_run"] == {} and res["not_in_record"] == ["pool_slopes"]
