@@ -23,7 +23,6 @@ disagrees with its run says why before anyone suspects the record.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from collections.abc import Iterable, Mapping
@@ -33,6 +32,7 @@ from typing import Any
 from experiments.common import record_stem
 from shared.core import registry
 from shared.core.controller import NodeController
+from shared.core.policy import numeric_params
 
 SAME_LIMIT = 1e-4
 """Limits closer than this (relative) are the same limit: a runtime rounds what it applies (Docker to
@@ -139,14 +139,8 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
         "replayed_changes": sum(c["replayed"] for c in per.values()),
         "agreement": sum(c["agree"] for c in per.values()) / total_rounds if total_rounds else math.nan,
         "changes": changes,
-        **_against_run(run_params, _numbers(built.params)),
+        **_against_run(run_params, numeric_params(built.params)),
     }
-
-
-def _numbers(params: Any) -> dict[str, float]:
-    """A policy's numeric parameters, as the worker records them in its state."""
-    return {k: float(v) for k, v in dataclasses.asdict(params).items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def _against_run(run: Mapping[str, Any] | None, replayed: Mapping[str, float]) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from services.worker.training import TrainingSide, is_training
 from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController
+from shared.core.policy import numeric_params
 from shared.core.types import Cls, Decision, classify
 from shared.ratelog import RateLimitedLog
 from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
@@ -223,8 +224,7 @@ class Worker:
         return ""
 
     def params_in_force(self) -> dict[str, float]:
-        return {k: float(v) for k, v in dataclasses.asdict(self.ctrl.policy.params).items()
-                if isinstance(v, int | float) and not isinstance(v, bool)}
+        return numeric_params(self.ctrl.policy.params)
 
     def on_runtime_event(self, ev: RuntimeEvent) -> None:
         if ev.kind == "started":

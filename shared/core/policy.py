@@ -12,6 +12,7 @@ policies differ only in the limits they choose.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -149,6 +150,13 @@ class PolicyBase:
     def wants_round(self, name: str, latency_s: float, now_s: float) -> bool:
         """Most policies wait for their interval (or the controller's own events)."""
         return False
+
+
+def numeric_params(params: Any) -> dict[str, float]:
+    """A parameters dataclass's numbers by name (switches left out), as a worker publishes them in its
+    state and a record keeps them."""
+    return {k: float(v) for k, v in dataclasses.asdict(params).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}
 
 
 def decisions_from(
