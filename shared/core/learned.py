@@ -567,7 +567,9 @@ class LearnedPolicy(PolicyBase):
             if new != old:
                 curve.changed_at_s = view.now_s
                 lat = curve.predict(new * cores)
-                step = math.exp(lat[0]) if lat is not None else (v.latency_s or v.last_latency_s or 0.0)
+                step = _exp_or_inf(lat[0]) if lat is not None else math.inf
+                if not math.isfinite(step):  # no fit yet, or one that foresees past a float's range
+                    step = v.latency_s or v.last_latency_s or 0.0
                 # The batch running now straddles the change and already tells something.
                 curve.expect_at_s = view.now_s + step
             ups[v.name] = (new, _reason(plans[v.name], curve))
@@ -945,7 +947,7 @@ def _chances(curve: Curve, v: ContainerView, cores: float) -> tuple[float, float
 
 def _faster_than_band(pred: tuple[float, float] | None, v: ContainerView) -> bool:
     """Whether a predicted (mean log latency, sd) puts the container faster than its band."""
-    return pred is not None and math.exp(pred[0]) < (1 - v.alpha) * v.objective_s
+    return pred is not None and _exp_or_inf(pred[0]) < (1 - v.alpha) * v.objective_s
 
 
 def _in_band(v: ContainerView) -> bool:
