@@ -332,7 +332,11 @@ class Curve:
             dof = 2.0 - (0.0 if math.isinf(self.theta_sd) else p22 / det / self.theta_sd**2) - p11 / det / k_sd**2
             left = max(0.0, sw - dof * sw2 / sw)
             sigma2 = (max(0.0, rss) + NOISE_PSEUDO * NOISE_PRIOR**2) / (left + NOISE_PSEUDO)
-        k = min(K_RANGE[1], max(K_RANGE[0], k))
+        clamped = min(K_RANGE[1], max(K_RANGE[0], k))
+        if clamped != k:
+            # theta given the k kept, not the one the data asked for: the line still runs through
+            # the data, where theta of the unclamped k put it off by (k - clamped) x.
+            k, theta = clamped, (r1 - p12 * clamped) / p11
         return (theta, k, p22 / det, -p12 / det, p11 / det, math.sqrt(sigma2))
 
     def predict(self, cores: float, fit: tuple[float, ...] | None = None) -> tuple[float, float] | None:

@@ -412,8 +412,8 @@ def test_a_container_met_more_often_than_not_at_its_ceiling_gets_its_ceiling():
 
 def test_a_wild_first_fit_is_unachievable_not_an_overflow():
     # Found by the property test: two early batches at a vanishing share of the node (1e-303 cores),
-    # the slower one with more CPU, fit a slope the prior clamps and an intercept far past what a
-    # float's exp holds. The need is infinite (it cannot be met), not an OverflowError.
+    # the slower one with more CPU, fit a slope the prior clamps. Asked for a latency that slope puts
+    # past a float's range of cores, the need is infinite (it cannot be met), not an OverflowError.
     import math
 
     from shared.core.learned import Curve
@@ -421,8 +421,13 @@ def test_a_wild_first_fit_is_unachievable_not_an_overflow():
     c = Curve()
     c.add(-699.0, math.log(0.5), 0.3, (1.0, 1.0))
     c.add(-697.0, math.log(63.0), 1.0, (1.0, 1.0))
-    assert c.cores_for(1.0, 0.0) == math.inf
-    assert c.cores_for(1.0, 1.0) == math.inf
+    fit = c.solve()
+    assert fit is not None and fit[1] == 0.3
+    # Within range it answers on the line through its data (log latency ~4 at log cores ~-698).
+    need = c.cores_for(1.0, 0.0)
+    assert need is not None and 0 < need < 1e-290
+    assert c.cores_for(1e-300, 0.0) == math.inf
+    assert c.cores_for(1e-300, 1.0) == math.inf
 
 
 def test_the_aim_is_where_the_value_peaks_not_the_nearest_grid_step():

@@ -13,6 +13,7 @@ import pytest
 
 from shared.core.learned import (
     K_PRIOR_SD,
+    K_RANGE,
     POOL_MIN,
     Curve,
     LearnedParams,
@@ -145,3 +146,14 @@ def test_turned_off_at_runtime_no_curve_keeps_the_node_prior_it_had():
     policy.set_params(LearnedParams(pool_slopes=0.0))
     policy.decide(NodeView(node="n1", cores=4.0, now_s=105.0, containers=views))
     assert all(c.k_node is None for c in policy.curves.values())
+
+
+def test_a_slope_past_the_range_is_clamped_and_the_line_still_runs_through_the_data():
+    # Latency falling as cores**-5: past K_RANGE, so k is kept at its top. theta must be the one
+    # for that k; theta of k = 5 with k = 3 would put the curve 2 x mean(log cores) off its data.
+    c = seen(5.0, (1.0, 2.0, 3.0), rounds=6)
+    fit = c.solve()
+    assert fit is not None and fit[1] == K_RANGE[1]
+    mean_x, mean_y = c.sx / c.sw, c.sy / c.sw
+    pred = c.predict(math.exp(mean_x))
+    assert pred is not None and pred[0] == pytest.approx(mean_y, abs=0.02)
