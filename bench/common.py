@@ -26,10 +26,15 @@ def pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
 
 
-def report(label: str, value: float, unit: str, goal: float | None = None, lower_is_better: bool = True) -> dict:
-    """Print one figure (and its ratio to the goal); return it for --json."""
+def report(label: str, value: float, unit: str, goal: float | None = None, lower_is_better: bool = True,
+           se: float | None = None) -> dict:
+    """Print one figure (its standard error where it has one, and its ratio to the goal); return it
+    for --json."""
     line = f"  {label:<58} {value:>12.4g} {unit}"
-    row = {"value": value, "unit": unit}
+    row: dict = {"value": value, "unit": unit}
+    if se is not None:
+        line += f" (se {se:.2g})"
+        row["se"] = se
     if goal is not None:
         ratio = value / goal
         verdict = "meets goal" if (ratio <= 1) == lower_is_better else "misses goal"

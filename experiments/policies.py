@@ -11,6 +11,7 @@ model (to show what a wrong prior costs), and sums the runs up.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
@@ -143,6 +144,25 @@ def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
             "rounds_mean": statistics.mean(r.rounds for r in rs),
         }
     return out
+
+
+def paired_ratio(runs: Sequence[Run], label: str, ref: str, count: str) -> tuple[float | None, float | None]:
+    """`label`'s mean `count` over `ref`'s in the same (scenario, seed) runs, and its standard error.
+
+    The ratio of means R = sum x / sum y; its standard error by the delta method over the paired
+    seeds, sd(x - R y) / (sqrt(n) mean(y)): the seeds' spread in difficulty, common to both
+    policies, cancels. (None, None) when `ref` counts nothing; the error is None below two pairs."""
+    ours = {(r.scenario, r.seed): getattr(r, count) for r in runs if r.policy == label}
+    theirs = {(r.scenario, r.seed): getattr(r, count) for r in runs if r.policy == ref}
+    keys = sorted(ours.keys() & theirs.keys())
+    xs, ys = [ours[k] for k in keys], [theirs[k] for k in keys]
+    if not keys or sum(ys) <= 0:
+        return None, None
+    ratio = sum(xs) / sum(ys)
+    if len(keys) < 2:
+        return ratio, None
+    residuals = [x - ratio * y for x, y in zip(xs, ys, strict=True)]
+    return ratio, statistics.stdev(residuals) / (math.sqrt(len(keys)) * statistics.mean(ys))
 
 
 def table(summary: dict[str, dict[str, Any]]) -> str:
