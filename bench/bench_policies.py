@@ -3,8 +3,10 @@
 Seeds 1001-1020 of `random-cluster-40` (4 nodes of random sizes in
 {2, 4, 4.6, 6, 8} cores, 40 mixed models, random noise, objective changes and
 drift) and of `paper-cluster-40` were never run while the learned allocator
-was developed (development used seeds 1-40; the held-out twenty were run only to
-report, never to choose between variants). Every policy runs each seed;
+was developed (development used seeds 1-400; the held-out twenty were run only to
+report, never to choose between variants), nor were seeds 2001-2100 of
+`random-cluster-40` before they were added here (below). Every policy runs
+each seed, the seeds in as many processes as there are CPUs;
 the learned allocator runs once more with a calibrated profile as its prior
 whose work per batch is off by +-30 % per model.
 
@@ -45,6 +47,9 @@ from experiments import policies
 from experiments.common import update_section
 
 SEEDS = tuple(range(1001, 1021))
+FURTHER = ("random-cluster-40", tuple(range(2001, 2101)))
+"""A hundred more held-out random clusters, added on 25 Nov 2026 because the twenty's in-band ratio
+missed its goal by less than its standard error; run once, reported as it came."""
 SCENARIOS = ("random-cluster-40", "paper-cluster-40")
 PRIOR_ERROR = 0.30
 OUT = Path(__file__).resolve().parent / "out" / "policies.json"
@@ -52,62 +57,64 @@ BEGIN = "<!-- BEGIN generated: make bench-policies -->"
 END = "<!-- END generated: make bench-policies -->"
 
 
-def seeds() -> tuple[int, ...]:
-    """$DQOES_BENCH_SEEDS (e.g. 1001-1005) for a quicker look; the held-out twenty by default."""
+def seed_sets() -> list[tuple[str, tuple[int, ...]]]:
+    """(scenario, seeds) to run: $DQOES_BENCH_SEEDS (e.g. 1001-1005) of each scenario for a quicker
+    look; by default the held-out twenty of each, then the further hundred of the random clusters."""
     text = os.environ.get("DQOES_BENCH_SEEDS")
     if not text:
-        return SEEDS
+        return [(name, SEEDS) for name in SCENARIOS] + [FURTHER]
     a, _, b = text.partition("-")
-    return tuple(range(int(a), int(b or a) + 1))
+    return [(name, tuple(range(int(a), int(b or a) + 1))) for name in SCENARIOS]
 
 
 def run() -> dict[str, Any]:
     res: dict[str, Any] = {}
-    chosen = seeds()
     t0 = time.monotonic()
-    for name in SCENARIOS:
-        runs = policies.run_all(name, chosen, prior_error=PRIOR_ERROR,
+    for name, chosen in seed_sets():
+        runs = policies.run_all(name, chosen, prior_error=PRIOR_ERROR, workers=os.cpu_count() or 1,
                                 progress=_progress(len(chosen) * (len(policies.POLICIES) + 1), t0))
         print(file=sys.stderr)
         summary = policies.summarize(runs)
+        where = f"{name} {chosen[0]}-{chosen[-1]}"
         print(f"  {name}, seeds {chosen[0]}-{chosen[-1]} ({len(chosen)}):")
         print("\n".join("    " + line for line in policies.table(summary).splitlines()))
         learned, dqoes = summary["learned"], summary["dqoes"]
         ratio_met, se_met = policies.paired_ratio(runs, "learned", "oracle", "met")
         ratio_band, se_band = policies.paired_ratio(runs, "learned", "oracle", "in_band")
         figures = {
-            "learned_met_to_oracle_policy": report(f"{name}: learned met / oracle policy (same runs)",
+            "learned_met_to_oracle_policy": report(f"{where}: learned met / oracle policy (same runs)",
                                                    ratio_met or 0.0, "x", goal=0.97, lower_is_better=False,
                                                    se=se_met),
-            "learned_in_band_to_oracle_policy": report(f"{name}: learned in band / oracle policy (same runs)",
+            "learned_in_band_to_oracle_policy": report(f"{where}: learned in band / oracle policy (same runs)",
                                                        ratio_band or 0.0, "x", goal=0.95, lower_is_better=False,
                                                        se=se_band),
-            "learned_met_to_oracle_bound": report(f"{name}: learned met / oracle bound",
+            "learned_met_to_oracle_bound": report(f"{where}: learned met / oracle bound",
                                                   learned["met_to_oracle"] or 0.0, "x", goal=0.97,
                                                   lower_is_better=False),
-            "learned_in_band_to_oracle_bound": report(f"{name}: learned in band / oracle bound",
+            "learned_in_band_to_oracle_bound": report(f"{where}: learned in band / oracle bound",
                                                       learned["in_band_to_oracle"] or 0.0, "x", goal=0.95,
                                                       lower_is_better=False),
-            "learned_met_to_noise_oracle": report(f"{name}: learned met / oracle under noise, worked out",
+            "learned_met_to_noise_oracle": report(f"{where}: learned met / oracle under noise, worked out",
                                                   learned["met_to_noise_oracle"] or 0.0, "x", goal=0.97,
                                                   lower_is_better=False),
-            "learned_in_band_to_noise_oracle": report(f"{name}: learned in band / oracle under noise, worked out",
+            "learned_in_band_to_noise_oracle": report(f"{where}: learned in band / oracle under noise, worked out",
                                                       learned["in_band_to_noise_oracle"] or 0.0, "x", goal=0.95,
                                                       lower_is_better=False),
             "learned_container_settle_rounds": report(
-                f"{name}: learned, rounds moving a container's limit after its change (mean)",
+                f"{where}: learned, rounds moving a container's limit after its change (mean)",
                 learned["container_settle_mean"], "rounds", goal=3.0),
             "learned_change_settle_rounds": report(
-                f"{name}: learned, rounds moving a node's limits after each change there (mean)",
+                f"{where}: learned, rounds moving a node's limits after each change there (mean)",
                 learned["change_settle_mean"], "rounds", goal=3.0),
             "learned_changes_to_dqoes": report(
-                f"{name}: learned / DQoES limit changes per container per round",
+                f"{where}: learned / DQoES limit changes per container per round",
                 learned["changes_per_container_round"] / dqoes["changes_per_container_round"]
                 if dqoes["changes_per_container_round"] else 0.0, "x", goal=1.0),
-            "learned_cpu_to_dqoes": report(f"{name}: learned / DQoES CPU spent",
+            "learned_cpu_to_dqoes": report(f"{where}: learned / DQoES CPU spent",
                                            learned["cpu_cores_mean"] / dqoes["cpu_cores_mean"], "x", goal=1.0),
         }
-        res[name] = {"seeds": list(chosen), "summary": summary, "figures": figures,
+        res[f"{name}, seeds {chosen[0]}-{chosen[-1]}"] = {"scenario": name, "seeds": list(chosen),
+                                                           "summary": summary, "figures": figures,
                      "runs": [dataclasses.asdict(r) for r in runs]}
     OUT.parent.mkdir(parents=True, exist_ok=True)
     OUT.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
@@ -137,10 +144,15 @@ def _with_se(figure: dict[str, Any]) -> str:
 
 def markdown(res: dict[str, Any]) -> str:
     lines = [BEGIN, ""]
-    for name, v in res.items():
+    for v in res.values():
         s = v["seeds"]
-        lines.append(f"#### {name}, seeds {s[0]}-{s[-1]} ({len(s)} seeds, not used while developing)")
+        lines.append(f"#### {v['scenario']}, seeds {s[0]}-{s[-1]} ({len(s)} seeds, not used while developing)")
         lines.append("")
+        if (v["scenario"], tuple(s)) == FURTHER:
+            lines.append("Added on 25 Nov 2026: the twenty seeds above missed the in-band goal by less than their "
+                         "standard error, so a hundred more, never run before, were run once; they are reported "
+                         "as they came and run with the others from then on.")
+            lines.append("")
         lines.append(policies.table(v["summary"]))
         lines.append("")
         o = v["summary"]["oracle"]

@@ -15,6 +15,7 @@ import math
 import random
 import statistics
 from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,22 +85,42 @@ def run_all(
     *,
     prior_error: float | None = None,
     progress: Callable[[str], None] | None = None,
+    workers: int = 1,
 ) -> list[Run]:
-    """Every policy on every seed; with `prior_error`, also the learned allocator with a wrong prior."""
+    """Every policy on every seed; with `prior_error`, also the learned allocator with a wrong prior.
+
+    With `workers` > 1 the seeds run in that many processes (each run is deterministic in its seed, so
+    the runs are the same); `progress` then hears of a seed's runs when the seed is done."""
+    if workers > 1 and len(seeds) > 1:
+        out: list[Run] = []
+        with ProcessPoolExecutor(min(workers, len(seeds))) as pool:
+            for runs in pool.map(_one_seed, [(scenario, seed, prior_error) for seed in seeds]):
+                for r in runs:
+                    if progress:
+                        progress(f"{scenario} seed {r.seed} {r.policy}")
+                out.extend(runs)
+        return out
     out = []
     for seed in seeds:
-        sc = load(scenario, seed)
-        for policy in POLICIES:
-            if progress:
-                progress(f"{scenario} seed {seed} {policy}")
-            out.append(Run.of(simulate(sc, policy, seed), policy))
-        if prior_error is not None:
-            with_prior = dataclasses.replace(sc, settings={**sc.settings, "use_prior": 1.0})
-            label = f"learned+prior±{prior_error:.0%}"
-            if progress:
-                progress(f"{scenario} seed {seed} {label}")
-            out.append(Run.of(simulate(with_prior, "learned", seed, context=skewed_prior(sc, prior_error, seed)),
-                              label))
+        out.extend(_one_seed((scenario, seed, prior_error), progress))
+    return out
+
+
+def _one_seed(job: tuple[str, int, float | None], progress: Callable[[str], None] | None = None) -> list[Run]:
+    scenario, seed, prior_error = job
+    sc = load(scenario, seed)
+    out = []
+    for policy in POLICIES:
+        if progress:
+            progress(f"{scenario} seed {seed} {policy}")
+        out.append(Run.of(simulate(sc, policy, seed), policy))
+    if prior_error is not None:
+        with_prior = dataclasses.replace(sc, settings={**sc.settings, "use_prior": 1.0})
+        label = f"learned+prior±{prior_error:.0%}"
+        if progress:
+            progress(f"{scenario} seed {seed} {label}")
+        out.append(Run.of(simulate(with_prior, "learned", seed, context=skewed_prior(sc, prior_error, seed)),
+                          label))
     return out
 
 

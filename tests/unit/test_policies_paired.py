@@ -41,3 +41,13 @@ def test_only_seeds_both_ran_are_paired_and_a_zero_oracle_gives_no_ratio():
     assert ratio == pytest.approx(6 / 12) and se is not None
     assert paired_ratio([run(1, "learned", 3, 0), run(1, "oracle", 0, 0)], "learned", "oracle", "met") == (None, None)
     assert paired_ratio([run(1, "learned", 3, 0), run(1, "oracle", 4, 0)], "learned", "oracle", "met") == (0.75, None)
+
+
+def test_seeds_run_in_several_processes_give_the_runs_one_process_gives():
+    from experiments.policies import POLICIES, run_all
+
+    heard: list[str] = []
+    one = run_all("paper-varied", (3, 4), prior_error=0.3)
+    two = run_all("paper-varied", (3, 4), prior_error=0.3, workers=2, progress=heard.append)
+    assert sorted(two, key=lambda r: (r.seed, r.policy)) == sorted(one, key=lambda r: (r.seed, r.policy))
+    assert len(heard) == 2 * (len(POLICIES) + 1)  # every run is heard of, once its seed is done
