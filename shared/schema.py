@@ -74,6 +74,7 @@ from shared.validation import (
     integer,
     nested,
     optional,
+    param_map,
     schema_error,
     show,
     text,
@@ -266,7 +267,7 @@ class NodeState(Checked):
     members: dict[str, tuple[str, ...]] = checked(_members)
     containers: tuple[ContainerState, ...] = checked(tuple_of(nested(ContainerState)))
     expected: tuple[str, ...] = checked(IDS, default=())
-    params: dict[str, float] = checked(float_map, factory=dict)
+    params: dict[str, float] = checked(param_map, factory=dict)
     slack_sum_s_s: float | None = checked(optional(FINITE), default=None)
     """Q_S: the sum of slack over S (v2; computed from `containers` when a v1 sender left it out)."""
     met: int | None = checked(optional(integer(0)), default=None)
@@ -323,7 +324,7 @@ class ControlMsg(Checked):
     beta: float | None = checked(optional(OPEN_FRACTION), default=None)
     initial_interval_s: float | None = checked(optional(INTERVAL), default=None)
     max_interval_s: float | None = checked(optional(INTERVAL), default=None)
-    params: dict[str, float] = checked(float_map, factory=dict)
+    params: dict[str, float] = checked(param_map, factory=dict)
 
     def asked(self) -> dict[str, float]:
         """Every parameter this message sets, by name (the named fields, then `params`)."""
@@ -353,7 +354,7 @@ class ControlReply(Checked):
     policy: str = checked(text)
     ok: bool = checked(boolean)
     error: str = checked(text, default="")
-    params: dict[str, float] = checked(float_map, factory=dict)
+    params: dict[str, float] = checked(param_map, factory=dict)
     changed: tuple[str, ...] = checked(tuple_of(text), default=())
 
 

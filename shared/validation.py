@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -142,6 +143,20 @@ def float_map(value: Any) -> dict[str, float]:
             out[key] = FINITE(item)
         except Invalid as e:
             raise Invalid(e.problem, f"[{key!r}]") from None
+    return out
+
+
+PARAM_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def param_map(value: Any) -> dict[str, float]:
+    """A float_map whose keys are parameter names (a policy's dataclass fields): anything else is
+    refused here, before a worker echoes it into its reply and its log."""
+    out = float_map(value)
+    for key in out:
+        if not PARAM_NAME.fullmatch(key):
+            raise Invalid(f"keys must be parameter names (a letter or _, then letters, digits or _; "
+                          f"at most 64), got {show(key)}")
     return out
 
 

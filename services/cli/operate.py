@@ -334,7 +334,10 @@ def check_against_registry(policy: str, asked: dict[str, float]) -> None:
 
 
 async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float]) -> list[ControlReply]:
-    msg = ControlMsg(params=asked)
+    try:
+        msg = ControlMsg(params=asked)
+    except SchemaError as e:  # a name no policy can have (the registry's check passes unknown policies)
+        raise CliError(str(e)) from None
     replies = []
     for node in nodes:
         bus_reply = await _request(bus, subjects.control(node), encode(msg, bus.name), f"worker for {node}")

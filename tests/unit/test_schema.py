@@ -512,6 +512,14 @@ def test_required_fields_are_what_the_contract_says():
             "objective.objective_s: must be a finite number > 0, got -1",
         ),
         ("control", "alpha", 1.0, "control.alpha: must be a number in (0, 1), got 1.0"),
+        # A parameter name is a policy's field name: one with a newline or a space would go into the
+        # worker's reply and log as it came.
+        ("control", "params", {"dead_band\nFAKE LOG LINE": 0.1},
+         "control.params: keys must be parameter names (a letter or _, then letters, digits or _; at most 64), "
+         "got 'dead_band\\nFAKE LOG LINE'"),
+        ("control", "params", {"1x": 0.1}, "control.params: keys must be parameter names"),
+        ("control_reply", "params", {"a b": 1.0}, "control_reply.params: keys must be parameter names"),
+        ("node_state", "params", {"x" * 65: 1.0}, "node_state.params: keys must be parameter names"),
         ("control", "beta", 0, "control.beta: must be a number in (0, 1), got 0"),
         (
             "control",
