@@ -103,13 +103,29 @@ class _JsonFormatter(logging.Formatter):
         return orjson.dumps(obj).decode()
 
 
+class _TextFormatter(logging.Formatter):
+    """One record, one line: control characters in a message (a name taken from the bus, say) are
+    escaped, so that no input can make a line look like another record. Tracebacks keep their lines."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        record.message = one_line(record.message)
+        return super().formatMessage(record)
+
+
+def one_line(text: str) -> str:
+    """`text` with every non-printable character escaped (a newline as \\n)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+
+
 def setup_logging(level: str = "info", fmt: str = "text", name: str = "") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:
-        f = logging.Formatter(f"%(asctime)s {name + ' ' if name else ''}%(levelname)s %(name)s: %(message)s",
-                              "%H:%M:%S")
+        f = _TextFormatter(f"%(asctime)s {name + ' ' if name else ''}%(levelname)s %(name)s: %(message)s",
+                           "%H:%M:%S")
         f.converter = time.localtime
         handler.setFormatter(f)
     root = logging.getLogger()
