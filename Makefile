@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench fuzz bench-policies results figures images screenshot compose-demo swarm-demo clean help
+.PHONY: setup demo test lint bench fuzz bench-policies bench-stress results figures images screenshot compose-demo swarm-demo clean help
 
 help:
 	@echo "make demo     run the main job (see README)"
@@ -12,6 +12,7 @@ help:
 	@echo "make bench    run the benchmarks and print figures"
 	@echo "make fuzz     10,000 generated bad inputs at every entry point (minutes)"
 	@echo "make bench-policies  every policy on 20 held-out random clusters; tables into docs/results.md"
+	@echo "make bench-stress    the same on scarce, crowded, roomy, noisy and tight-band variants"
 	@echo "make results  regenerate the generated tables in docs/results.md"
 	@echo "make figures  regenerate the figures in docs/img (Altair, rendered offline; the screenshot needs chromium)"
 	@echo "make compose-demo  the cluster demo on Docker Compose (docs/compose.md)"
@@ -48,6 +49,9 @@ fuzz: setup
 
 bench-policies: setup
 	DQOES_BENCH_UPDATE=docs/results.md $(BIN)/python -m bench policies
+
+bench-stress: setup
+	DQOES_BENCH_UPDATE=docs/results.md $(BIN)/python -m bench stress
 
 results: setup
 	$(BIN)/dqoes experiment report --seeds 1-5 --update docs/results.md

@@ -14,11 +14,13 @@ SUITES = {
     "docker": "bench.bench_docker",
     "dashboard": "bench.bench_dashboard",
     "policies": "bench.bench_policies",
+    "stress": "bench.bench_stress",
     "fuzz": "bench.bench_fuzz",
     "load": "bench.bench_load",
 }
-OPT_IN = {"fuzz", "load"}
-"""Suites that run only when named (`make fuzz`: minutes, not a figure of speed)."""
+OPT_IN = {"fuzz", "load", "stress"}
+"""Suites that run only when named (`make fuzz`: minutes, not a figure of speed; `make bench-stress`:
+minutes, the policies beyond the setting they were developed on)."""
 
 
 def main(argv: list[str] | None = None) -> int:

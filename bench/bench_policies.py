@@ -68,11 +68,19 @@ def seed_sets() -> list[tuple[str, tuple[int, ...]]]:
 
 
 def run() -> dict[str, Any]:
+    return run_sets(seed_sets(), PRIOR_ERROR, OUT, BEGIN, END)
+
+
+def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, begin: str,
+             end: str) -> dict[str, Any]:
+    """Every policy on each (scenario, seeds); print the figures, write them to `out` (JSON) and, with
+    $DQOES_BENCH_UPDATE, into that file's section between `begin` and `end`."""
     res: dict[str, Any] = {}
     t0 = time.monotonic()
-    for name, chosen in seed_sets():
-        runs = policies.run_all(name, chosen, prior_error=PRIOR_ERROR, workers=os.cpu_count() or 1,
-                                progress=_progress(len(chosen) * (len(policies.POLICIES) + 1), t0))
+    for name, chosen in sets:
+        runs = policies.run_all(name, chosen, prior_error=prior_error, workers=os.cpu_count() or 1,
+                                progress=_progress(len(chosen) * (len(policies.POLICIES) + (prior_error is not None)),
+                                                   t0))
         print(file=sys.stderr)
         summary = policies.summarize(runs)
         where = f"{name} {chosen[0]}-{chosen[-1]}"
@@ -116,12 +124,12 @@ def run() -> dict[str, Any]:
         res[f"{name}, seeds {chosen[0]}-{chosen[-1]}"] = {"scenario": name, "seeds": list(chosen),
                                                            "summary": summary, "figures": figures,
                      "runs": [dataclasses.asdict(r) for r in runs]}
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
-    print(f"  written to {OUT}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
+    print(f"  written to {out}")
     target = os.environ.get("DQOES_BENCH_UPDATE")
     if target:
-        update_section(Path(target), markdown(res), BEGIN, END)
+        update_section(Path(target), markdown(res, begin, end), begin, end)
         print(f"  section updated in {target}")
     return {name: v["figures"] for name, v in res.items()}
 
@@ -142,8 +150,8 @@ def _with_se(figure: dict[str, Any]) -> str:
     return f"{figure['value']:.4f} x" + ("" if se is None else f", standard error {se:.4f}")
 
 
-def markdown(res: dict[str, Any]) -> str:
-    lines = [BEGIN, ""]
+def markdown(res: dict[str, Any], begin: str = BEGIN, end: str = END) -> str:
+    lines = [begin, ""]
     for v in res.values():
         s = v["seeds"]
         lines.append(f"#### {v['scenario']}, seeds {s[0]}-{s[-1]} ({len(s)} seeds, not used while developing)")
@@ -171,5 +179,5 @@ def markdown(res: dict[str, Any]) -> str:
                      f"standard error over the paired seeds): met {_with_se(met)} (goal 0.97); in band "
                      f"{_with_se(band)} (goal 0.95).")
         lines.append("")
-    lines.append(END)
+    lines.append(end)
     return "\n".join(lines)

@@ -141,6 +141,38 @@ def random_cluster(seed: int | None = None, profiles: Mapping[str, ModelProfile]
     latency curve that changes by a factor in [0.6, 1.8]. Every draw comes
     from the seed.
     """
+    return _random_cluster("random-cluster-40", seed, profiles)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Stress:
+    """How a `random-cluster-40` variant departs from it (STRESS): the same draws from the seed, then
+    nodes scaled or dropped, the noise drawn from another range, or another band."""
+
+    summary: str
+    cores_scale: float = 1.0
+    """Every node's cores times this, after the objectives were drawn for the unscaled nodes."""
+    nodes: int = 4
+    """The first this many of the four nodes; every container still comes (placement spreads them)."""
+    noise: tuple[float, float] = (0.02, 0.15)
+    alpha: float | None = None
+    """The band's half-width for every container (None: DQoES's default, 0.1)."""
+
+
+STRESS: dict[str, Stress] = {
+    "random-cluster-scarce": Stress("every node has half the cores", cores_scale=0.5),
+    "random-cluster-crowded": Stress("the 40 containers on two of the four nodes", nodes=2),
+    "random-cluster-roomy": Stress("every node has twice the cores", cores_scale=2.0),
+    "random-cluster-noisy": Stress("per-batch noise sigma in [0.15, 0.3]", noise=(0.15, 0.3)),
+    "random-cluster-tight": Stress("a band of +-5 %", alpha=0.05),
+}
+"""Variants of `random-cluster-40` for judging a policy beyond the setting it was developed on
+(`make bench-stress`; docs/scenarios.md, "Stress variants")."""
+
+
+def _random_cluster(name: str, seed: int | None, profiles: Mapping[str, ModelProfile] | None,
+                    stress: Stress | None = None) -> Scenario:
+    stress = stress or Stress("")
     seed = 1 if seed is None else seed
     rng = random.Random(f"random-cluster:{seed}")
     nodes = [NodeSpec(f"worker-{i}", rng.choice(RANDOM_CORES)) for i in range(1, 5)]
@@ -157,11 +189,24 @@ def random_cluster(seed: int | None = None, profiles: Mapping[str, ModelProfile]
         if rng.random() < 0.1:
             changes.append(Change(round(rng.uniform(400, 800), 1), work_factor=round(rng.uniform(0.6, 1.8), 2)))
         out.append(dataclasses.replace(c, changes=tuple(sorted(changes, key=lambda x: x.at_s))))
-    sc = _scenario("random-cluster-40",
-                   "40 mixed models on 4 random-sized nodes, random noise, objective changes and drift after "
-                   "[0, 300 s] submissions", nodes, out, 1500, seed,
+    noise = round(rng.uniform(*stress.noise), 3)
+    nodes = [NodeSpec(n.name, n.cores * stress.cores_scale) for n in nodes[:stress.nodes]]
+    desc = ("40 mixed models on 4 random-sized nodes, random noise, objective changes and drift after "
+            "[0, 300 s] submissions")
+    sc = _scenario(name, desc + (f"; {stress.summary}" if stress.summary else ""), nodes, out, 1500, seed,
                    PAPER_RULE.describe() + "; a fifth get a new objective in [400, 800 s]", profiles)
-    return dataclasses.replace(sc, noise_sigma=round(rng.uniform(0.02, 0.15), 3))
+    if stress.alpha is not None:
+        # As a file's `controller` table gives it: every policy and measure takes the band from there.
+        sc = dataclasses.replace(sc, controller=DQoESParams(alpha=stress.alpha), settings={"alpha": stress.alpha})
+    return dataclasses.replace(sc, noise_sigma=noise)
+
+
+def _stressed(name: str) -> Callable[..., Scenario]:
+    def build(seed: int | None = None, profiles: Mapping[str, ModelProfile] | None = None) -> Scenario:
+        return _random_cluster(name, seed, profiles, STRESS[name])
+
+    build.__doc__ = f"`random-cluster-40` with {STRESS[name].summary}."
+    return build
 
 
 def cluster(nodes: int, seed: int | None = None, per_node: int = 10) -> Scenario:
@@ -185,6 +230,7 @@ BUILTINS: dict[str, Callable[..., Scenario]] = {
     "fig2node-identical-achievable": _fig2(identical_achievable),
     "fig2node-varied": _fig2(varied),
     "random-cluster-40": random_cluster,
+    **{name: _stressed(name) for name in STRESS},
 }
 PAPER_REPORT = (
     "paper-identical-unachievable", "paper-identical-achievable", "paper-varied", "paper-fixed-interval",

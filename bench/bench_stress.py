@@ -1,0 +1,30 @@
+"""Policies on stress variants of the random clusters: scarce, crowded, roomy, noisy, tight bands.
+
+Why: the learned allocator was developed on `random-cluster-40` (seeds 1-400)
+and is judged there on held-out seeds (`make bench-policies`); a user's node
+is rarely that one. Each variant (shared/scenarios/builtin.py, STRESS) makes
+the same draws from the seed and then departs from it in one way: half the
+cores on every node, the 40 containers on two nodes, twice the cores, noise
+sigma in [0.15, 0.3], or a band of +-5 %. Seeds 1001-1020 of each, never run
+while the allocator was developed; every policy runs every seed (no prior),
+with the figures and goals of `make bench-policies`.
+
+Writes bench/out/stress.json; with $DQOES_BENCH_UPDATE the tables go into
+that file's generated section (`make bench-stress`: docs/results.md).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from bench.bench_policies import SEEDS, run_sets
+from shared.scenarios.builtin import STRESS
+
+OUT = Path(__file__).resolve().parent / "out" / "stress.json"
+BEGIN = "<!-- BEGIN generated: make bench-stress -->"
+END = "<!-- END generated: make bench-stress -->"
+
+
+def run() -> dict[str, Any]:
+    return run_sets([(name, SEEDS) for name in STRESS], None, OUT, BEGIN, END)
