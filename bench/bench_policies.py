@@ -83,8 +83,8 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
                                                    t0))
         print(file=sys.stderr)
         summary = policies.summarize(runs)
-        where = f"{name} {chosen[0]}-{chosen[-1]}"
-        print(f"  {name}, seeds {chosen[0]}-{chosen[-1]} ({len(chosen)}):")
+        key, where = f"{name}, seeds {chosen[0]}-{chosen[-1]}", f"{name} {chosen[0]}-{chosen[-1]}"
+        print(f"  {key} ({len(chosen)}):")
         print("\n".join("    " + line for line in policies.table(summary).splitlines()))
         learned, dqoes = summary["learned"], summary["dqoes"]
         ratio_met, se_met = policies.paired_ratio(runs, "learned", "oracle", "met")
@@ -121,9 +121,8 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
             "learned_cpu_to_dqoes": report(f"{where}: learned / DQoES CPU spent",
                                            learned["cpu_cores_mean"] / dqoes["cpu_cores_mean"], "x", goal=1.0),
         }
-        res[f"{name}, seeds {chosen[0]}-{chosen[-1]}"] = {"scenario": name, "seeds": list(chosen),
-                                                           "summary": summary, "figures": figures,
-                     "runs": [dataclasses.asdict(r) for r in runs]}
+        res[key] = {"scenario": name, "seeds": list(chosen), "summary": summary, "figures": figures,
+                    "runs": [dataclasses.asdict(r) for r in runs]}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
     print(f"  written to {out}")
