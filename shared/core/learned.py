@@ -396,8 +396,9 @@ class LearnedPolicy(PolicyBase):
         self.chosen: set[str] = set()
         """Containers the last round gave what they need to be met."""
         self._interval_s = self.params.initial_interval_s
-        self.chance: str | None = None
-        """The container left out for room that was given what was left last round."""
+        self.chances: set[str] = set()
+        """Containers not met for sure (left out for room, or at their edge) that were given what
+        was left last round for a chance at their band."""
         self.fast_held: dict[str, float] = {}
         """Containers too fast at the floor, and the limit they were last set or kept at as such."""
 
@@ -555,7 +556,7 @@ class LearnedPolicy(PolicyBase):
         olds = {v.name: v.limit for v in view.containers}
         rises = [(proposal[n] - olds[n], n) for n in proposal
                  if plans[n].kind in ("no room", "unachievable") and olds[n] is not None and proposal[n] > olds[n]
-                 and n != self.chance]
+                 and n not in self.chances]
         excess = _give_back(proposal, sorted(rises, reverse=True), excess)
         overs = sorted(((proposal[n] - plans[n].limit, n) for n in proposal), reverse=True)
         excess = _give_back(proposal, [(over, n) for over, n in overs if over > 0], excess)
@@ -617,6 +618,8 @@ class LearnedPolicy(PolicyBase):
             if edge is None or not math.isfinite(edge) or edge > cap * cores:
                 best_effort.append(v.name)
                 plans[v.name] = _Plan(floor, "unachievable")
+                if best is not None:  # at its edge, what is left may still give it a chance
+                    best_limit[v.name] = best
                 continue
             need = edge / cores
             safe = curve.cores_for(edge_s, z)
@@ -704,42 +707,50 @@ class LearnedPolicy(PolicyBase):
 
     def _one_more_chance(self, views: Sequence[ContainerView], plans: dict[str, _Plan], best_effort: list[str],
                          best_limit: dict[str, float], cores: float, budget: float) -> float:
-        """What is left to one container left out for room, where that is worth more than the fair split.
+        """What is left to the containers not met for sure, one at a time, where that is worth more than
+        the fair split.
 
-        A container met alone but left out gets nothing from an equal split that reaches its band; all
-        of what is left may give it a fair chance. Compared in expected met + in band of the next
-        batches: the fair split (below) against the one container, among those left out, that the rest
-        lifts furthest. Returns the budget left."""
+        A container met alone but left out for room gets nothing from an equal split that reaches its
+        band; all of what is left may give it a fair chance. So does one at the edge of what it can
+        do (met about every other batch at its ceiling, judged unachievable by a hair): held at its
+        ceiling it is met that often, dropped to a fair share never, and a verdict that flips with
+        each batch moves its limit each time. Compared in expected met + in band of the next batches:
+        the fair split (below) against the one container, among those left, that the rest lifts
+        furthest; repeated while what is left lifts one further. Returns the budget left."""
         by_name = {v.name: v for v in views}
         n = len(views)
         limit_each = self._fair_share(n)
-        split = budget / max(1, len(best_effort))
 
         def value(name: str, limit: float) -> float:
             met, in_band = _chances(self.curves[name], by_name[name], limit * cores)
             return met + in_band
 
-        spread = sum(value(k, min(limit_each, plans[k].limit + split)) - value(k, plans[k].limit) for k in best_effort)
-        best = None
-        for k in best_effort:
-            if k not in best_limit or plans[k].kind != "no room":
-                continue
-            top = min(best_limit[k], plans[k].limit + budget)
-            gain = value(k, top) - value(k, plans[k].limit)
-            # Hysteresis: a new holder must be worth clearly more than the split; last round's holder
-            # keeps it while it is worth no less, and before any other.
-            if gain > spread + (1e-9 if k == self.chance else CHANCE_MARGIN):
-                key = (k == self.chance, gain)
-                if best is None or key > best[0]:
-                    best = (key, k, top)
-        if best is None:
-            self.chance = None
-            return budget
-        _, k, top = best
-        self.chance = k
-        budget -= top - plans[k].limit
-        plans[k] = _Plan(top, "no room", plans[k].need)
-        best_effort.remove(k)
+        held: set[str] = set()
+        while budget > 1e-9 and best_effort:
+            split = budget / len(best_effort)
+            spread = sum(value(k, min(limit_each, plans[k].limit + split)) - value(k, plans[k].limit)
+                         for k in best_effort)
+            best = None
+            for k in best_effort:
+                if k not in best_limit or plans[k].kind not in ("no room", "unachievable"):
+                    continue
+                top = min(best_limit[k], plans[k].limit + budget)
+                gain = value(k, top) - value(k, plans[k].limit)
+                # Hysteresis: a new holder must be worth clearly more than the split; last round's
+                # holders keep it while they are worth no less, and before any other.
+                kept = k in self.chances
+                if gain > spread + (1e-9 if kept else CHANCE_MARGIN):
+                    key = (kept, gain)
+                    if best is None or key > best[0]:
+                        best = (key, k, top)
+            if best is None:
+                break
+            _, k, top = best
+            held.add(k)
+            budget -= top - plans[k].limit
+            plans[k] = _Plan(top, plans[k].kind, plans[k].need)
+            best_effort.remove(k)
+        self.chances = held
         return budget
 
     def _next_interval(self, now_s: float) -> float:

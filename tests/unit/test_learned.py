@@ -410,6 +410,25 @@ def test_a_container_met_more_often_than_not_at_its_ceiling_gets_its_ceiling():
     assert plans["x"].limit * 4.0 >= 0.95
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_container_at_the_edge_of_its_ceiling_keeps_it_while_there_is_room(seed):
+    # At its ceiling (4 threads, 4 cores) c0 takes 2.5 s a batch (log sd 0.1); asked 2.2 s, the band's
+    # slow edge is 2.42 s: met about one batch in three there, never at a fair share (2.67 cores, 3.75 s).
+    # Whether it counts as met more often than not turns with each batch; the limit must not follow
+    # (the verdict flipped it between the two about once every two minutes on a real node). 8 cores:
+    # room for its ceiling beside c1 and c2 (1 core each).
+    sc = scenario([{"name": "c0", "objective_s": 2.2}, {"name": "c1", "objective_s": 10.0},
+                   {"name": "c2", "objective_s": 10.0}], cores=8.0, noise=0.1, duration_s=1800.0)
+    res = run(sc, seed)
+    late = [r for r in container_rows(res, "c0") if r["t_s"] > 300]
+    limits = [r["limit"] for r in late]
+    assert sum(1 for a, b in zip(limits, limits[1:], strict=False) if a != b) <= 2, limits
+    assert min(limits) * 8.0 >= 3.9, limits
+    assert _fraction(res, "c0", 300.0, 2.2, lambda ob, lat: lat <= 1.1 * ob) >= 0.15
+    for other in ("c1", "c2"):  # and the others keep theirs
+        assert _fraction(res, other, 300.0, 10.0, lambda ob, lat: lat <= 1.1 * ob) >= 0.8
+
+
 def test_a_wild_first_fit_is_unachievable_not_an_overflow():
     # Found by the property test: two early batches at a vanishing share of the node (1e-303 cores),
     # the slower one with more CPU, fit a slope the prior clamps. Asked for a latency that slope puts
