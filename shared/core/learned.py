@@ -577,7 +577,7 @@ class LearnedPolicy(PolicyBase):
                     step = v.latency_s or v.last_latency_s or 0.0
                 # The batch running now straddles the change and already tells something.
                 curve.expect_at_s = view.now_s + step
-            ups[v.name] = (new, _reason(plans[v.name], curve))
+            ups[v.name] = (new, _reason(plans[v.name], curve, v.name in self.chances))
         interval = self._next_interval(view.now_s)
         return build_decision(self.name, view, cl, ups, interval_s=interval,
                               listener=f"next informative batch in {interval:.3g} s")
@@ -975,11 +975,12 @@ def _prior_theta(profile: ModelProfile) -> float:
     return math.log(profile.latency_s(1.0, max(1.0, float(profile.threads))))
 
 
-def _reason(plan: _Plan, curve: Curve) -> str:
+def _reason(plan: _Plan, curve: Curve, chance: bool = False) -> str:
+    kind = f"{plan.kind}, given what is left for a chance" if chance else plan.kind
     f = curve.solve()
     if f is None:
-        return f"learned: {plan.kind} (no clean batch yet)"
-    return f"learned: {plan.kind} (k {f[1]:.2f}, noise {f[5]:.2f}, {curve.n} batches)"
+        return f"learned: {kind} (no clean batch yet)"
+    return f"learned: {kind} (k {f[1]:.2f}, noise {f[5]:.2f}, {curve.n} batches)"
 
 
 SPEC = PolicySpec(

@@ -427,6 +427,9 @@ def test_a_container_at_the_edge_of_its_ceiling_keeps_it_while_there_is_room(see
     assert _fraction(res, "c0", 300.0, 2.2, lambda ob, lat: lat <= 1.1 * ob) >= 0.15
     for other in ("c1", "c2"):  # and the others keep theirs
         assert _fraction(res, other, 300.0, 10.0, lambda ob, lat: lat <= 1.1 * ob) >= 0.8
+    # Whichever way the verdict falls, the reason says why it holds that limit.
+    reasons = {r["reason"].split(" (")[0] for r in late}
+    assert reasons <= {"learned: in band", "learned: unachievable, given what is left for a chance"}, reasons
 
 
 def test_a_wild_first_fit_is_unachievable_not_an_overflow():
