@@ -184,6 +184,7 @@ class SimRuntime:
             random.Random(f"noise:{self.seed}:{spec.name}"),
             self.scenario.noise_sigma,
             limit,
+            self.scenario.noise_rho,
         )
         if managed:
             self._emit(RuntimeEvent("started", self._describe(spec)))
@@ -254,6 +255,7 @@ class SimRuntime:
                     random.Random(f"noise:{self.seed}:{name}"),
                     self.scenario.noise_sigma,
                     limit,
+                    self.scenario.noise_rho,
                 )
                 self._emit(RuntimeEvent("started", self._describe(spec)))
             elif name in self._sim.containers:

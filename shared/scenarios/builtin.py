@@ -155,6 +155,8 @@ class Stress:
     nodes: int = 4
     """The first this many of the four nodes; every container still comes (placement spreads them)."""
     noise: tuple[float, float] = (0.02, 0.15)
+    noise_rho: float = 0.0
+    """Lag-one correlation of each container's log noise from batch to batch (0: independent)."""
     alpha: float | None = None
     """The band's half-width for every container (None: DQoES's default, 0.1)."""
 
@@ -165,6 +167,8 @@ STRESS: dict[str, Stress] = {
     "random-cluster-roomy": Stress("every node has twice the cores", cores_scale=2.0),
     "random-cluster-noisy": Stress("per-batch noise sigma in [0.15, 0.3]", noise=(0.15, 0.3)),
     "random-cluster-tight": Stress("a band of +-5 %", alpha=0.05),
+    "random-cluster-sticky": Stress("noise that persists from batch to batch (lag-one correlation 0.6)",
+                                    noise_rho=0.6),
 }
 """Variants of `random-cluster-40` for judging a policy beyond the setting it was developed on
 (`make bench-stress`; docs/scenarios.md, "Stress variants")."""
@@ -198,7 +202,7 @@ def _random_cluster(name: str, seed: int | None, profiles: Mapping[str, ModelPro
     if stress.alpha is not None:
         # As a file's `controller` table gives it: every policy and measure takes the band from there.
         sc = dataclasses.replace(sc, controller=DQoESParams(alpha=stress.alpha), settings={"alpha": stress.alpha})
-    return dataclasses.replace(sc, noise_sigma=noise)
+    return dataclasses.replace(sc, noise_sigma=noise, noise_rho=stress.noise_rho)
 
 
 def _stressed(name: str) -> Callable[..., Scenario]:

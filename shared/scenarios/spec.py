@@ -76,6 +76,8 @@ class Scenario:
     """The DQoES parameters the scenario implies (its `settings` over the defaults): the band
     and T_R every measure of the run uses."""
     noise_sigma: float = 0.03
+    noise_rho: float = 0.0
+    """Lag-one correlation of a container's log noise from batch to batch (0: independent)."""
     description: str = ""
     seed: int | None = None
     objective_rule: str = ""
@@ -285,13 +287,16 @@ def parse_scenario(
         raise ScenarioError("scenario: the document must be a table/object")
     _check_keys(
         data,
-        {"name", "description", "duration_s", "noise_sigma", "seed", "controller", "nodes", "models",
+        {"name", "description", "duration_s", "noise_sigma", "noise_rho", "seed", "controller", "nodes", "models",
          "containers", "generate", "objective_rule", "profiles"},
         "",
     )
     name = _str(data.get("name", default_name), "name")
     duration = _num(_get(data, "duration_s", ""), "duration_s", positive=True)
     sigma = _num(data.get("noise_sigma", 0.03), "noise_sigma", nonneg=True)
+    rho = _num(data.get("noise_rho", 0.0), "noise_rho", nonneg=True)
+    if rho >= 1.0:
+        raise ScenarioError(f"noise_rho: must be < 1 (a lag-one correlation), got {rho!r}")
     if seed is None and "seed" in data:
         seed = int(_num(data["seed"], "seed", integer=True))
     controller, settings = parse_controller(data.get("controller", {}))
@@ -359,6 +364,7 @@ def parse_scenario(
         controller=controller,
         settings=settings,
         noise_sigma=sigma,
+        noise_rho=rho,
         description=str(data.get("description", "")),
         seed=seed,
         objective_rule=rule_text,
@@ -529,6 +535,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         ],
         "containers": [],
     }
+    if s.noise_rho:
+        out["noise_rho"] = s.noise_rho
     if s.seed is not None:
         out["seed"] = s.seed
     if s.objective_rule:

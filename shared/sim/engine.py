@@ -385,7 +385,7 @@ def simulate(
                 limit = None if spec.cpus is None else spec.cpus / nodes[where].cores
                 nodes[where].add(
                     cname, scenario.profile_of(spec), t, random.Random(f"noise:{seed}:{cname}"),
-                    scenario.noise_sigma, limit,
+                    scenario.noise_sigma, limit, scenario.noise_rho,
                 )
                 ctrls[where].add(cname, t, cpu_total_s=0.0, objective_s=spec.objective_s,
                                  alpha=spec.alpha, limit=limit)

@@ -78,9 +78,21 @@ class SimContainer:
     history: list[BatchDone] = field(default_factory=list)
     work_factor: float = 1.0
     """Multiplier on the profile's work (a drifting curve); 1.0: the profile itself."""
+    noise_rho: float = 0.0
+    """Lag-one correlation of the log noise from one batch to the next (0: independent batches)."""
+    noise_z: float | None = None
+    """The last batch's log noise in units of noise_sigma (with noise_rho > 0)."""
 
     def start_batch(self, now_s: float) -> None:
-        noise = math.exp(self.rng.gauss(0.0, self.noise_sigma)) if self.noise_sigma > 0 else 1.0
+        if self.noise_sigma > 0 and self.noise_rho > 0:
+            # AR(1) in the log: each batch's noise has the same spread as independent ones (sd
+            # noise_sigma), but slow and fast spells last, as on a real node (docs/simulator.md).
+            step = self.rng.gauss(0.0, 1.0)
+            z = step if self.noise_z is None else self.noise_rho * self.noise_z + math.sqrt(1 - self.noise_rho**2) * step
+            self.noise_z = z
+            noise = math.exp(self.noise_sigma * z)
+        else:
+            noise = math.exp(self.rng.gauss(0.0, self.noise_sigma)) if self.noise_sigma > 0 else 1.0
         warm = self.profile.warmup_factor if self.batch == 0 else 1.0
         self.work_left = self.profile.work_cpu_s * self.work_factor * noise * warm
         self.overhead_left = self.profile.overhead_s
@@ -109,11 +121,14 @@ class SimNode:
         rng: random.Random,
         noise_sigma: float = 0.03,
         limit: float | None = None,
+        noise_rho: float = 0.0,
     ) -> SimContainer:
         if name in self.containers:
             raise ValueError(f"container {name!r} already on node {self.name}")
+        if not 0.0 <= noise_rho < 1.0:
+            raise ValueError(f"noise_rho must be in [0, 1), got {noise_rho!r}")
         self.advance(now_s)
-        c = SimContainer(name, profile, rng, noise_sigma, limit, started_at_s=now_s)
+        c = SimContainer(name, profile, rng, noise_sigma, limit, started_at_s=now_s, noise_rho=noise_rho)
         c.start_batch(now_s)
         self.containers[name] = c
         self._rates()

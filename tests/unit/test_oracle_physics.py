@@ -141,3 +141,44 @@ def test_noise_is_reproducible_per_container():
     b = [b.latency_s for b in node_with(p, sigma=0.03).advance(200)]
     assert a == b and len(set(a)) > 1
     assert all(abs(math.log(x / 18.0)) < 0.2 for x in a)
+
+
+def _log_latencies(rho: float, sigma: float, batches: int = 2000) -> list[float]:
+    node = SimNode("n", 4.0)
+    node.add("c", P, 0.0, random.Random("sticky"), sigma, None, rho)
+    out: list[float] = []
+    t = 0.0
+    while len(out) < batches:
+        t += 50.0
+        out += [math.log(b.latency_s) for b in node.advance(t)]
+    return out[:batches]
+
+
+def _lag_one(xs: list[float]) -> float:
+    m = sum(xs) / len(xs)
+    return sum((a - m) * (b - m) for a, b in zip(xs, xs[1:], strict=False)) / sum((x - m) ** 2 for x in xs)
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.6, 0.9])
+def test_noise_that_persists_keeps_its_spread_and_has_its_correlation(rho):
+    # Alone on 4 cores with 4 threads a batch takes 2.5 s times its noise: the log latencies are
+    # the noise itself. Each batch's spread stays sigma whatever rho is; only the runs change.
+    xs = _log_latencies(rho, 0.2)
+    m = sum(xs) / len(xs)
+    sd = math.sqrt(sum((x - m) ** 2 for x in xs) / len(xs))
+    assert sd == pytest.approx(0.2, rel=0.15 if rho < 0.9 else 0.3)
+    assert _lag_one(xs) == pytest.approx(rho, abs=0.06)
+
+
+def test_independent_noise_draws_as_before():
+    # rho 0 keeps the draws of independent noise, so every run recorded before rho existed repeats.
+    a, b = SimNode("a", 4.0), SimNode("b", 4.0)
+    a.add("c", P, 0.0, random.Random("same"), 0.1, None)
+    b.add("c", P, 0.0, random.Random("same"), 0.1, None, 0.0)
+    assert [x.latency_s for x in a.advance(500.0)] == [x.latency_s for x in b.advance(500.0)]
+
+
+@pytest.mark.parametrize("rho", [-0.1, 1.0, 1.5])
+def test_a_correlation_outside_0_to_1_is_refused(rho):
+    with pytest.raises(ValueError, match="noise_rho must be in"):
+        SimNode("n", 4.0).add("c", P, 0.0, random.Random(1), 0.1, None, rho)

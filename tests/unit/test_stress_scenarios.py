@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from shared.scenarios.builtin import BUILTINS, STRESS, load
-from shared.scenarios.spec import parse_scenario, scenario_to_dict
+from shared.scenarios.spec import ScenarioError, parse_scenario, scenario_to_dict
 from shared.sim.engine import simulate
 
 BASE = "random-cluster-40"
@@ -41,6 +41,7 @@ def test_each_variant_departs_from_the_base_in_its_one_way(name, seed):
     if stress.noise == (0.02, 0.15):
         assert var.noise_sigma == base.noise_sigma
     assert var.controller.alpha == (stress.alpha if stress.alpha is not None else base.controller.alpha)
+    assert var.noise_rho == stress.noise_rho and base.noise_rho == 0.0
     assert stress.summary in var.description
 
 
@@ -50,6 +51,7 @@ def test_the_variants_are_what_their_names_say():
     assert STRESS["random-cluster-crowded"].nodes == 2
     assert STRESS["random-cluster-noisy"].noise == (0.15, 0.3)
     assert STRESS["random-cluster-tight"].alpha == 0.05
+    assert STRESS["random-cluster-sticky"].noise_rho == 0.6
 
 
 def test_a_tight_band_is_what_every_measure_and_policy_uses():
@@ -67,3 +69,28 @@ def test_crowded_places_every_container_on_the_two_nodes():
     r = simulate(dataclasses.replace(sc, duration_s=400), "default", 9)
     assert {f.node for f in r.final} <= {"worker-1", "worker-2"}
     assert r.containers == 40 and r.nodes == 2
+
+
+def test_noise_that_persists_is_written_to_a_file_and_read_back():
+    sc = load("random-cluster-sticky", 5)
+    doc = orjson.loads(orjson.dumps(scenario_to_dict(sc)))
+    assert doc["noise_rho"] == 0.6
+    assert parse_scenario(doc) == sc
+    # A scenario with independent noise writes no noise_rho: its file is what it was before.
+    assert "noise_rho" not in scenario_to_dict(load(BASE, 5))
+
+
+@pytest.mark.parametrize("bad, why", [(1.0, "must be < 1"), (-0.2, "must be >= 0"), ("0.5", "must be a number")])
+def test_a_bad_noise_rho_is_refused_with_a_reason(bad, why):
+    doc = orjson.loads(orjson.dumps(scenario_to_dict(load(BASE, 5))))
+    doc["noise_rho"] = bad
+    with pytest.raises(ScenarioError, match=f"noise_rho: {why}"):
+        parse_scenario(doc)
+
+
+def test_a_sticky_run_differs_from_an_independent_one_only_in_its_noise():
+    base, sticky = load(BASE, 4), load("random-cluster-sticky", 4)
+    a = simulate(dataclasses.replace(base, duration_s=300), "default", 4)
+    b = simulate(dataclasses.replace(sticky, duration_s=300), "default", 4)
+    assert a.containers == b.containers and [f.name for f in a.final] == [f.name for f in b.final]
+    assert [f.latency_s for f in a.final] != [f.latency_s for f in b.final]
