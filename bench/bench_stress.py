@@ -1,4 +1,4 @@
-"""Policies on stress variants of the random clusters: scarce, crowded, roomy, noisy, tight bands.
+"""Policies on stress variants of the random clusters: scarce, crowded, roomy, noisy, tight bands, sticky noise.
 
 Why: the learned allocator was developed on `random-cluster-40` (seeds 1-400)
 and is judged there on held-out seeds (`make bench-policies`); a user's node
