@@ -151,7 +151,7 @@ def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
             "ceiling_met_mean": statistics.mean(r.ceiling_met for r in rs),
             "ceiling_in_band_mean": statistics.mean(r.ceiling_in_band for r in rs),
             "cpu_cores_mean": statistics.mean(r.cpu_cores for r in rs),
-            "cpu_idle_cores_mean": statistics.mean(r.cores - r.cpu_cores for r in rs),
+            "cpu_idle_cores_mean": statistics.mean(max(0.0, r.cores - r.cpu_cores) for r in rs),  # no float dust below 0
             "settle_rounds_max_mean": statistics.mean(r.settle_rounds_max for r in rs),
             "settle_rounds_max_worst": max(r.settle_rounds_max for r in rs),
             "settle_rounds_mean": statistics.mean(r.settle_rounds_mean for r in rs),

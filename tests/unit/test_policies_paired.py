@@ -51,3 +51,15 @@ def test_seeds_run_in_several_processes_give_the_runs_one_process_gives():
     two = run_all("paper-varied", (3, 4), prior_error=0.3, workers=2, progress=heard.append)
     assert sorted(two, key=lambda r: (r.seed, r.policy)) == sorted(one, key=lambda r: (r.seed, r.policy))
     assert len(heard) == 2 * (len(POLICIES) + 1)  # every run is heard of, once its seed is done
+
+
+def test_idle_cpu_is_never_below_zero_when_every_core_is_spent():
+    # Default spends the node to the last core; summed in floats it can come out a hair above it.
+    import dataclasses
+
+    from experiments.policies import summarize, table
+
+    spent = dataclasses.replace(run(1, "default", 5, 1), cpu_cores=0.1 + 0.2 + 3.7 + 1e-12, cores=4.0)
+    s = summarize([spent])["default"]
+    assert s["cpu_idle_cores_mean"] == 0.0
+    assert "-0.00" not in table(summarize([spent]))
