@@ -30,6 +30,26 @@ def plateau(series: list[tuple[float, int]], start_s: float, end_s: float, sampl
     return vals[(len(vals) - 1) // 2]
 
 
+def time_mean(series: list[tuple[float, int]], start_s: float, end_s: float) -> float | None:
+    """Time-weighted mean of a step function |S|(t) over [start_s, end_s] (each value holds until the next).
+
+    Where the plateau reads one level, this says how much of the time a count was reached: on a
+    real node whose count moves by several from one sample to the next, the plateau of a short
+    window is one draw. None without a value in the window or before it.
+    """
+    if end_s <= start_s:
+        return None
+    total = 0.0
+    covered = 0.0
+    for i, (t, v) in enumerate(series):
+        nxt = series[i + 1][0] if i + 1 < len(series) else end_s
+        lo, hi = max(t, start_s), min(nxt, end_s)
+        if hi > lo:
+            total += v * (hi - lo)
+            covered += hi - lo
+    return total / covered if covered > 0 else None
+
+
 def converged(series: list[tuple[float, int]]) -> tuple[int | None, float | None]:
     """First round (1-based) after which |S| never changed again; None if it moved last round."""
     if not series:

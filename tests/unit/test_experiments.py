@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.core.measures import converged, plateau
+from shared.core.measures import converged, plateau, time_mean
 from shared.scenarios.builtin import BUILTINS
 from shared.sim.engine import simulate
 
@@ -74,6 +74,14 @@ def test_fixed_interval_submits_every_50s():
 
 def test_same_seed_same_result():
     assert run("paper-varied").summary() == run("paper-varied").summary()
+
+
+def test_time_mean_weighs_each_count_by_how_long_it_held():
+    series = [(0, 2), (10, 4), (40, 0)]
+    assert time_mean(series, 0, 40) == (2 * 10 + 4 * 30) / 40
+    assert time_mean(series, 20, 60) == (4 * 20 + 0 * 20) / 40  # the last value holds to the end
+    assert time_mean(series, 40, 40) is None and time_mean([], 0, 10) is None
+    assert time_mean([(30, 5)], 0, 40) == 5  # only the time a value was known counts
 
 
 def test_plateau_and_convergence_helpers():

@@ -92,6 +92,9 @@ def test_real_experiment_renders_a_summary(tmp_path, capsys):
     assert realexp.BEGIN in text and "| c01 | resnet50 |" in text
     # Met first, then in band; a record from before met had its name ("meets_final") reads the same.
     assert "| dqoes | 2 | 1 | 1.00 |" in text
+    # Beside the plateau, each count averaged over the second half (100-200 s): in band 1 all along;
+    # this record has no met series, so that mean is not made up.
+    assert "| dqoes | 2 | 1 | 1.00 | - / 1.0 |" in text
     ET.fromstring((tmp_path / "r.svg").read_text())
 
 
