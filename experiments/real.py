@@ -391,10 +391,12 @@ def _met(r: dict[str, Any]) -> Any:
 
 
 def _second_half(r: dict[str, Any], duration_s: float) -> str:
-    """Met / in band, time-weighted over the run's second half, from the recorded series (so a
-    summary written before these means existed renders them too)."""
-    met = time_mean([tuple(x) for x in r.get("met_series", r.get("meets_series", []))], duration_s / 2, duration_s)
-    band = time_mean([tuple(x) for x in r.get("series", [])], duration_s / 2, duration_s)
+    """Met / in band, time-weighted over the run's second half: as summarize_real stored them, or, in
+    a summary written before it stored them, from the recorded series."""
+    half = (duration_s / 2, duration_s)
+    met = (r["met_mean_second_half"] if "met_mean_second_half" in r
+           else time_mean(r.get("met_series", r.get("meets_series", [])), *half))
+    band = r["satisfied_mean_second_half"] if "satisfied_mean_second_half" in r else time_mean(r.get("series", []), *half)
     return " / ".join("-" if v is None else f"{v:.1f}" for v in (met, band))
 
 

@@ -116,3 +116,10 @@ def test_real_counts_come_from_each_samples_latest_batch_not_the_last_round():
 
     s = realexp.summarize_real(Run(), 100.0)
     assert (s["met_final"], s["satisfied_final"]) == (2, 1)
+
+
+def test_the_second_half_means_are_read_as_stored_and_derived_for_older_summaries():
+    r = {"series": [[0, 0], [100, 2]], "met_series": [[0, 1], [100, 3]]}
+    assert realexp._second_half(r, 200) == "3.0 / 2.0"
+    stored = {**r, "met_mean_second_half": 2.5, "satisfied_mean_second_half": None}
+    assert realexp._second_half(stored, 200) == "2.5 / -"
