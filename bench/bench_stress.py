@@ -5,7 +5,8 @@ and is judged there on held-out seeds (`make bench-policies`); a user's node
 is rarely that one. Each variant (shared/scenarios/builtin.py, STRESS) makes
 the same draws from the seed and then departs from it in one way: half the
 cores on every node, the 40 containers on two nodes, twice the cores, noise
-sigma in [0.15, 0.3], or a band of +-5 %. Seeds 1001-1020 of each, never run
+sigma in [0.15, 0.3], a band of +-5 %, or noise that persists from batch to
+batch (lag-one correlation 0.6). Seeds 1001-1020 of each, never run
 while the allocator was developed; every policy runs every seed (no prior),
 with the figures and goals of `make bench-policies`.
 
