@@ -280,7 +280,7 @@ def cmd_real(args: argparse.Namespace) -> int:
         section=args.section, models=args.models,
         objectives=args.objectives, batch_size=args.batch_size, resolution=args.resolution, cores=args.cores,
         profiles=args.profiles, image=args.image, seed=args.seed, sample_s=args.sample_s, out=args.out,
-        from_file=args.from_file, plot=args.plot, update=args.update,
+        from_file=args.from_file, records=args.records, plot=args.plot, update=args.update,
     )
     res = real.run(opts)
     if args.json:
@@ -435,6 +435,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="directory for the raw records: per policy, node states, CPU samples, decisions with their reasons and batches as JSON lines (default runs/real-<time>)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="run nothing: report (and --plot/--update) from a summary.json written earlier")
+    p.add_argument("--records", metavar="DIR",
+                   help="with --from: the run's --out directory, to add what an older summary lacks (the noise "
+                   "each run saw and the oracle under it); --json prints the completed summary")
     p.add_argument("--plot", metavar="FILE", help="write the figure (.svg or .png)")
     p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")

@@ -123,3 +123,75 @@ def test_the_second_half_means_are_read_as_stored_and_derived_for_older_summarie
     assert realexp._second_half(r, 200) == "3.0 / 2.0"
     stored = {**r, "met_mean_second_half": 2.5, "satisfied_mean_second_half": None}
     assert realexp._second_half(stored, 200) == "2.5 / -"
+
+
+def _batch(t, name, latency, index=1):
+    return {"kind": "batch", "t_s": t, "container": name, "latency_s": latency, "cpu_s": None, "batch": index}
+
+
+def _decision(t, limits):
+    return {"kind": "decision", "t_s": t, "containers": {n: {"new_limit": v} for n, v in limits.items()}}
+
+
+def test_the_noise_a_run_saw_is_the_spread_at_one_unchanged_limit():
+    import math
+    rows = [_decision(0.0, {"c1": 0.5, "c2": 0.25}), _decision(50.0, {"c1": 0.25, "c2": 0.25}),
+            # before the window, the warm-up, a stretch too short: none counts
+            _batch(5.0, "c1", 9.0), _batch(21.0, "c2", 9.0, index=0), _batch(22.0, "c2", 1.0),
+            _batch(30.0, "c2", 1.1)]
+    # c1 under 0.5 cores, then a batch that straddles the change at 50 s (counted nowhere), then c1
+    # under 0.25 at twice the latency: only the spread within each stretch counts, not the step.
+    rows += [_batch(20.0 + 2 * i, "c1", v) for i, v in enumerate((1.0, 1.2, 0.9))]
+    rows += [_batch(51.0, "c1", 30.0)]
+    rows += [_batch(60.0 + 3 * i, "c1", v) for i, v in enumerate((2.0, 2.4, 1.8))]
+    ys = [math.log(v) for v in (1.0, 1.2, 0.9)]
+    mean = sum(ys) / 3
+    want = math.sqrt(2 * sum((y - mean) ** 2 for y in ys) / 4)  # the same spread twice, 2 x 2 dof
+    got = realexp.measured_noise(rows, 10.0)
+    assert got == {"sd": round(want, 4), "batches": 6}
+    assert realexp.measured_noise(rows, 70.0) is None  # nothing left with enough batches
+
+
+def test_the_oracle_under_noise_keeps_fewer_in_band_the_noisier_the_run():
+    profiles = {**BUILTIN_PROFILES, "resnet50": resnet_profile()}
+    specs = realexp.plan_containers(6, ["resnet50", "mobilenetv2"], profiles, 4.0)
+    d = {"cores": 4.0, "duration_s": 200,
+         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s} for c in specs]}
+    quiet, noisy = (realexp.oracle_under_noise(d, profiles, sd) for sd in (0.01, 0.3))
+    assert noisy["in_band"] < quiet["in_band"] <= 6
+    assert noisy["in_band_expected"] < quiet["in_band_expected"]
+    sc = realexp.sim_scenario(specs, profiles, 4.0, 200)
+    assert quiet["in_band"] <= realexp.forecast(sc, "default")["oracle_satisfied"]
+
+
+def test_an_older_summary_gets_its_noise_from_the_records(tmp_path, capsys):
+    specs = realexp.plan_containers(2, ["resnet50"], BUILTIN_PROFILES, 2.0)
+    final = {c.name: {"latency_s": 3.0, "cls": "S", "limit": 0.25, "cpu_cores": 0.5} for c in specs}
+    d = {"command": "dqoes experiment real", "started_at": "now", "image": "img", "cores": 2.0, "batch": 10,
+         "resolution_px": 224, "duration_s": 100, "profiles": "built-in",
+         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s, "fastest_s": 1.0}
+                        for c in specs],
+         "real": {"learned": {"satisfied_final": 1, "met_final": 2, "final_window_s": 10.0, "series": [],
+                              "final": final, "loadavg_1m": None, "total_cpu_cores_final": 1.0}},
+         "sim": {}}
+    src = tmp_path / "summary.json"
+    src.write_text(json.dumps(d))
+    assert main(["experiment", "real", "--from", str(src)]) == 0
+    assert "| learned | 2 | 1 | 1.00 | - / - | - / - | - / - | - |" in capsys.readouterr().out
+    rec = tmp_path / "run"
+    rec.mkdir()
+    rows = [_decision(0.0, {"c01": 0.5})] + [_batch(60.0 + 3 * i, "c01", v) for i, v in enumerate((3.0, 3.3, 2.8))]
+    (rec / "learned.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--json"]) == 0
+    out = capsys.readouterr().out
+    got = json.loads(out.strip().splitlines()[-1])["real"]["learned"]
+    assert got["noise"] == realexp.measured_noise(rows, 50.0)
+    # The summary names the built-in profiles: the oracle reads those.
+    assert got["oracle_under_noise"] == realexp.oracle_under_noise(d, BUILTIN_PROFILES, got["noise"]["sd"])
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec)]) == 0
+    assert f"| - / - | - / - | 1 / 0 (σ {got['noise']['sd']:.2f}) | - |" in capsys.readouterr().out
+    assert main(["experiment", "real", "--from", str(src), "--records", str(tmp_path / "nowhere")]) == 2
+    assert "no record of learned there" in capsys.readouterr().err
+    assert main(["experiment", "real", "--records", str(rec)]) == 2
+    assert "only with --from" in capsys.readouterr().err
+    assert json.loads(src.read_text()) == d  # reading back changes no file
