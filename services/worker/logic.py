@@ -24,7 +24,7 @@ from services.worker.training import TrainingSide, is_training
 from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController
-from shared.core.policy import numeric_params
+from shared.core.policy import numeric_params, unknown_params
 from shared.core.types import Cls, Decision, classify
 from shared.ratelog import RateLimitedLog
 from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
@@ -203,11 +203,9 @@ class Worker:
     def _set_params(self, asked: Mapping[str, float]) -> str:
         """Set the policy's parameters by name; the error ("" if none), and then nothing changes."""
         policy = self.ctrl.policy
-        fields = {f.name for f in dataclasses.fields(policy.params)}
-        unknown = sorted(set(asked) - fields)
-        if unknown:
-            return (f"policy {policy.name} has no parameter {', '.join(unknown)} "
-                    f"(it has: {', '.join(sorted(fields))})")
+        problem = unknown_params(policy.name, policy.params, asked)
+        if problem:
+            return problem
         try:
             current = dataclasses.asdict(policy.params)
             typed = {k: int(v) if isinstance(current[k], int) and not isinstance(current[k], bool)

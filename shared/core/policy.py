@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -150,6 +150,16 @@ class PolicyBase:
     def wants_round(self, name: str, latency_s: float, now_s: float) -> bool:
         """Most policies wait for their interval (or the controller's own events)."""
         return False
+
+
+def unknown_params(policy: str, params: Any, asked: Iterable[str]) -> str | None:
+    """Why `asked` cannot all be set on `params` (a policy's parameters dataclass, or its type): the
+    names it lacks, then the ones it has, in its own order; None when it has them all."""
+    names = [f.name for f in dataclasses.fields(params)]
+    unknown = sorted(set(asked) - set(names))
+    if not unknown:
+        return None
+    return f"policy {policy} has no parameter {', '.join(unknown)} (it has: {', '.join(names)})"
 
 
 def numeric_params(params: Any) -> dict[str, float]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from shared.core import baselines, dqoes, flowcon, learned, oracle, training_baseline
-from shared.core.policy import Policy, PolicyContext, PolicySpec
+from shared.core.policy import Policy, PolicyContext, PolicySpec, unknown_params
 from shared.core.training import TrainingPolicy, WorkerReport
 
 SPECS: tuple[PolicySpec, ...] = (
@@ -100,10 +100,9 @@ def param_names(name: str) -> tuple[str, ...]:
 def check_names(name: str, asked: Iterable[str]) -> None:
     """ValueError naming what in `asked` is not one of policy `name`'s parameters (`params_for` ignores
     such names, so that one settings table can serve several policies)."""
-    names = param_names(name)
-    unknown = sorted(set(asked) - set(names))
-    if unknown:
-        raise ValueError(f"policy {name} has no parameter {', '.join(unknown)} (it has: {', '.join(names)})")
+    problem = unknown_params(name, spec(name).params_type, asked)
+    if problem:
+        raise ValueError(problem)
 
 
 def params_for(name: str, settings: Mapping[str, Any] | None = None) -> Any:

@@ -79,3 +79,15 @@ def test_a_bad_file_is_dropped_and_the_worker_starts_with_its_settings(kept, tex
     assert w.ctrl.policy.params.alpha == 0.1 and w.controlled == {}
     assert not kept.exists()
     assert any("not restored" in r.getMessage() or "dropped" in r.getMessage() for r in caplog.records)
+
+
+def test_the_worker_names_unknown_parameters_as_the_registry_does(kept):
+    # One message for one mistake, whether a flag or a control request makes it: the parameters the
+    # policy has, in its own order (the worker used to sort them).
+    for policy in ("dqoes", "learned"):
+        reply = worker(kept, {"policy": policy, "settings": {}}, policy).on_control(
+            ControlMsg(params={"zeta": 1.0, "beta_x": 2.0}))
+        with pytest.raises(ValueError) as e:
+            registry.check_names(policy, ["zeta", "beta_x"])
+        assert reply.ok is False and reply.error == str(e.value)
+        assert reply.error.endswith(f"(it has: {', '.join(registry.param_names(policy))})")
