@@ -83,7 +83,7 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
                                                    t0))
         print(file=sys.stderr)
         summary = policies.summarize(runs)
-        key, where = f"{name}, seeds {chosen[0]}-{chosen[-1]}", f"{name} {chosen[0]}-{chosen[-1]}"
+        key = where = f"{name}, seeds {chosen[0]}-{chosen[-1]}"  # one name, printed and in the JSON
         print(f"  {key} ({len(chosen)}):")
         print("\n".join("    " + line for line in policies.table(summary).splitlines()))
         learned, dqoes = summary["learned"], summary["dqoes"]
