@@ -430,13 +430,15 @@ def oracle_under_noise(d: dict[str, Any], profiles: dict[str, ModelProfile], sd:
                        alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:
     """The oracle on the run's node and containers (the calibrated profiles as the truth) under
     log-normal noise of `sd`: the allocation that expects the most met + in band, and the lower median
-    of its met and in-band counts (the statistic a run's plateau reports), beside their expectations."""
+    of its met and in-band counts (the statistic a run's plateau reports), beside their expectations, and
+    the most met, and the most in band, that any allocation can expect (each alone)."""
     specs = [ContainerSpec(c["name"], c["model"], c["objective_s"], 0.0, "node", threads=1) for c in d["containers"]]
     sc = sim_scenario(specs, profiles, d["cores"], d["duration_s"])
     items = [OracleItem(c.name, c.objective_s, alpha, sc.profile_of(c)) for c in specs]
     ex = expected_plan(items, d["cores"], sd)
     return {"met": ex.met_median, "in_band": ex.in_band_median,
-            "met_expected": round(ex.met, 2), "in_band_expected": round(ex.in_band, 2)}
+            "met_expected": round(ex.met, 2), "in_band_expected": round(ex.in_band, 2),
+            "met_ceiling": round(ex.met_ceiling, 2), "in_band_ceiling": round(ex.in_band_ceiling, 2)}
 
 
 def add_noise_bounds(d: dict[str, Any], records: dict[str, Sequence[dict[str, Any]]],

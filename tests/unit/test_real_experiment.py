@@ -160,6 +160,9 @@ def test_the_oracle_under_noise_keeps_fewer_in_band_the_noisier_the_run():
     quiet, noisy = (realexp.oracle_under_noise(d, profiles, sd) for sd in (0.01, 0.3))
     assert noisy["in_band"] < quiet["in_band"] <= 6
     assert noisy["in_band_expected"] < quiet["in_band_expected"]
+    for o in (quiet, noisy):  # no allocation expects more than the ceilings, this one included
+        assert o["in_band_expected"] <= o["in_band_ceiling"] + 1e-9 and o["met_expected"] <= o["met_ceiling"] + 1e-9
+    assert noisy["in_band_ceiling"] < quiet["in_band_ceiling"]
     sc = realexp.sim_scenario(specs, profiles, 4.0, 200)
     assert quiet["in_band"] <= realexp.forecast(sc, "default")["oracle_satisfied"]
 
