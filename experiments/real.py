@@ -448,7 +448,11 @@ def add_noise_bounds(d: dict[str, Any], records: dict[str, Sequence[dict[str, An
     for p, r in d["real"].items():
         if "noise" in r or p not in records:
             continue
-        r["noise"] = measured_noise(records[p], d["duration_s"] / 2)
+        try:
+            r["noise"] = measured_noise(records[p], d["duration_s"] / 2)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ExperimentError(f"the record of {p} is not as `dqoes experiment real --out` writes it "
+                                  f"({type(e).__name__}: {e})") from None
         if r["noise"] is not None:
             r["oracle_under_noise"] = oracle_under_noise(d, profiles, r["noise"]["sd"])
 
@@ -459,7 +463,15 @@ def read_records(run_dir: str | Path, policies: Sequence[str]) -> dict[str, list
     for p in policies:
         f = Path(run_dir) / f"{record_stem(p)}.jsonl"
         if f.is_file():
-            out[p] = [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+            rows = []
+            for i, line in enumerate(f.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as e:
+                    raise ExperimentError(f"--records: {f}:{i}: not a JSON record ({e})") from None
+            out[p] = rows
     if not out:
         raise ExperimentError(f"--records {run_dir}: no record of {', '.join(policies)} there "
                               "(a directory written by `dqoes experiment real --out`)")

@@ -198,3 +198,11 @@ def test_an_older_summary_gets_its_noise_from_the_records(tmp_path, capsys):
     assert main(["experiment", "real", "--records", str(rec)]) == 2
     assert "only with --from" in capsys.readouterr().err
     assert json.loads(src.read_text()) == d  # reading back changes no file
+    # A record cut short, or one not written by `--out`: a clear error, no traceback, nothing written.
+    md = tmp_path / "r.md"
+    for text, says in (('{"kind": "batch", "t_s": 1\n', "learned.jsonl:1: not a JSON record"),
+                       ('{"kind": "batch", "t_s": 60}\n', "the record of learned is not as")):
+        (rec / "learned.jsonl").write_text(text)
+        assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--update", str(md)]) == 2
+        err = capsys.readouterr().err
+        assert says in err and "Traceback" not in err and not md.exists()
