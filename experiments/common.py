@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 
 class ExperimentError(Exception):
@@ -15,6 +17,20 @@ def record_stem(label: str) -> str:
     """The file and directory name of a policy's records in a real run: its label (`learned:half_life_s=0`)
     without colons, which `docker run -v SRC:DST` would read as separators."""
     return label.replace(":", "+")
+
+
+def read_record(path: Path) -> list[dict[str, Any]]:
+    """The rows of one policy's record of a real run (JSON lines, as `dqoes experiment real --out`
+    writes them). ValueError naming the file and line of a row that is not JSON."""
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except ValueError as e:
+            raise ValueError(f"{path}:{i}: not a JSON record ({e})") from None
+    return rows
 
 
 def update_section(path: Path, block: str, begin: str, end: str) -> None:

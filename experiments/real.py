@@ -39,7 +39,13 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.common import ExperimentError, busy_cores_s, record_stem, update_section
+from experiments.common import (
+    ExperimentError,
+    busy_cores_s,
+    read_record,
+    record_stem,
+    update_section,
+)
 from shared import auth, subjects
 from shared.bus import Bus, BusError
 from shared.core import registry
@@ -463,15 +469,10 @@ def read_records(run_dir: str | Path, policies: Sequence[str]) -> dict[str, list
     for p in policies:
         f = Path(run_dir) / f"{record_stem(p)}.jsonl"
         if f.is_file():
-            rows = []
-            for i, line in enumerate(f.read_text().splitlines(), 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append(json.loads(line))
-                except ValueError as e:
-                    raise ExperimentError(f"--records: {f}:{i}: not a JSON record ({e})") from None
-            out[p] = rows
+            try:
+                out[p] = read_record(f)
+            except ValueError as e:
+                raise ExperimentError(f"--records: {e}") from None
     if not out:
         raise ExperimentError(f"--records {run_dir}: no record of {', '.join(policies)} there "
                               "(a directory written by `dqoes experiment real --out`)")
@@ -794,20 +795,16 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
             interrupted = True
         finally:
             run.stop()
+        rows = ([{"kind": "state", **row} for row in run.states] + [{"kind": "cpu", **row} for row in run.cpu_samples]
+                + [{"kind": "decision", **row} for row in run.decisions]
+                + [{"kind": "batch", **row} for row in run.batches])
         with (out_dir / f"{record_stem(p)}.jsonl").open("w") as f:
-            for row in run.states:
-                f.write(json.dumps({"kind": "state", **row}) + "\n")
-            for row in run.cpu_samples:
-                f.write(json.dumps({"kind": "cpu", **row}) + "\n")
-            for row in run.decisions:
-                f.write(json.dumps({"kind": "decision", **row}) + "\n")
-            for row in run.batches:
-                f.write(json.dumps({"kind": "batch", **row}) + "\n")
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
         if interrupted:
             raise KeyboardInterrupt
         real[p] = summarize_real(run, opts.duration_s)
-        records[p] = ([{"kind": "decision", **row} for row in run.decisions]
-                      + [{"kind": "batch", **row} for row in run.batches])
+        records[p] = rows  # what the file holds: the noise is measured from the same rows
         _log(f"{p}: met {real[p]['met_final']}, in band {real[p]['satisfied_final']}, "
              f"CPU {real[p]['total_cpu_cores_final']:.2f} cores at the plateau")
     d = {

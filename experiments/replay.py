@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from experiments.common import record_stem
+from experiments.common import read_record, record_stem
 from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.policy import numeric_params
@@ -48,8 +48,7 @@ def load_run(run_dir: str | Path, policy: str) -> tuple[list[dict[str, Any]], fl
     if not rows_path.is_file():
         raise ValueError(f"{rows_path}: no such file (was {policy} one of the run's policies?)")
     cores = float(json.loads(summary.read_text())["cores"])
-    rows = [json.loads(line) for line in rows_path.read_text().splitlines() if line.strip()]
-    return rows, cores
+    return read_record(rows_path), cores
 
 
 def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
