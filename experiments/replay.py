@@ -7,7 +7,10 @@ worker published; this module feeds the batches, at their times, to a fresh
 policy in a `NodeController` and runs its rounds when the worker ran them.
 
 Replayed with the settings the run used, the decisions come out as recorded
-(which checks that the record holds everything the policy read). With other
+(which checks that the record holds everything the policy read). The record
+stamps a batch when the recorder received it, which on a busy node can fall on
+the other side of a round from when the worker read it; each round names the
+latest batch the worker had read, and the replay follows that. With other
 settings it answers "would the limits have moved": the policy reads each batch
 under the limit actually in force then (its latency came from that limit) and
 decides from the limits it set itself, with the objectives the worker had at
@@ -34,6 +37,8 @@ from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.policy import numeric_params
 
+LOOKAHEAD_S = 1.0
+"""How long after a round the recorder may have stamped a batch the worker had read before it."""
 SAME_LIMIT = 1e-4
 """Limits closer than this (relative) are the same limit: a runtime rounds what it applies (Docker to
 a billionth of a core, the worker's record to a millionth of the node)."""
@@ -81,12 +86,14 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
     last_t = 0.0
     per = {n: {"recorded": 0, "replayed": 0, "agree": 0, "rounds": 0} for n in first}
     changes: list[dict[str, Any]] = []
-    for t, _, r in sorted(batches + rounds, key=lambda e: (e[0], e[1])):
+    events = sorted(batches + rounds, key=lambda e: (e[0], e[1]))
+    taken: set[int] = set()
+    pending: dict[str, list[tuple[float, Mapping[str, Any]]]] = {}
+    last_fed: dict[str, float] = {}
+    for i, (t, _, r) in enumerate(events):
         if r["kind"] == "batch":
-            tr = ctl.containers.get(r["container"])
-            if tr is not None:
-                tr.limit = run_limit.get(r["container"])  # the batch ran under the run's limit
-                ctl.record_latency(r["container"], r["latency_s"], t, r.get("cpu_s"))
+            if i not in taken and r["container"] in ctl.containers:
+                pending.setdefault(r["container"], []).append((t, r))
             continue
         seen = r["containers"]
         now = _in_force(objectives, r.get("round", 0))
@@ -105,6 +112,9 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
             if name in ctl.containers:
                 ctl.set_objective(name, objective_s, t, alpha)  # as the worker had it at this round
         last_t = t
+        for name in ctl.containers:
+            _feed(ctl, name, _seen_by_worker(name, seen[name].get("latency_s"), t, i, events, taken, pending,
+                                             last_fed), run_limit.get(name), t, last_fed)
         since = {}
         for name, tr in ctl.containers.items():
             since[name] = (tr.limit_since_s, tr.prev_limit)
@@ -173,6 +183,51 @@ def _in_force(objectives: list[tuple[int, dict[str, tuple[float, float | None]]]
         if r >= round_no:
             return seen
     return objectives[-1][1] if objectives else {}
+
+
+def _seen_by_worker(name: str, latency_s: float | None, t: float, at: int,
+                    events: list[tuple[float, int, Mapping[str, Any]]], taken: set[int],
+                    pending: dict[str, list[tuple[float, Mapping[str, Any]]]],
+                    last_fed: dict[str, float]) -> list[tuple[float, Mapping[str, Any]]]:
+    """The batches of `name` the worker had read by the round at `t` (the `at`-th event) that the
+    replay has not fed yet.
+
+    The record stamps a batch when the recorder received it and a round when the worker ran it;
+    on a busy node the two race (a batch the worker read and acted on was stamped 10 ms after the
+    round it started). The round says which batch was the container's latest (its `latency_s`):
+    every batch up to that one, one stamped up to LOOKAHEAD_S after the round included, and none
+    after it. Where the record has no such batch (or the round no latency), the stamps decide."""
+    queue = pending.get(name, [])
+    if latency_s is not None:
+        if name in last_fed and math.isclose(last_fed[name], latency_s, rel_tol=1e-12):
+            return []  # its latest is a batch already fed: the worker read none of these yet
+        for j, (_, r) in enumerate(queue):
+            if math.isclose(r["latency_s"], latency_s, rel_tol=1e-12):
+                pending[name] = queue[j + 1 :]
+                return queue[: j + 1]
+        ahead = []
+        for k in range(at + 1, len(events)):
+            t_k, kind, r = events[k]
+            if t_k > t + LOOKAHEAD_S:
+                break
+            if kind == 0 and r["container"] == name and k not in taken:
+                ahead.append(k)
+                if math.isclose(r["latency_s"], latency_s, rel_tol=1e-12):
+                    taken.update(ahead)  # read before the round: fed now, at the round's time
+                    pending[name] = []
+                    return queue + [(t, events[x][2]) for x in ahead]
+    pending[name] = []
+    return queue
+
+
+def _feed(ctl: NodeController, name: str, batches: list[tuple[float, Mapping[str, Any]]],
+          limit: float | None, t: float, last_fed: dict[str, float]) -> None:
+    """Give the controller these batches of `name`, each under the run's limit then, no later than `t`."""
+    tr = ctl.containers[name]
+    for tb, r in batches:
+        tr.limit = limit  # the batch ran under the run's limit
+        ctl.record_latency(name, r["latency_s"], min(tb, t), r.get("cpu_s"))
+        last_fed[name] = r["latency_s"]
 
 
 def _same(a: float | None, b: float | None) -> bool:

@@ -93,6 +93,35 @@ def test_replayed_with_the_runs_settings_every_decision_comes_out_as_recorded(ru
         assert c["replayed"] == c["recorded"], name
 
 
+@pytest.mark.parametrize("late", [True, False])
+def test_batches_stamped_on_the_wrong_side_of_a_round_are_replayed_as_the_worker_read_them(run_dir, late):
+    # The recorder stamps a batch when it receives it, the worker a round when it runs it. On a busy
+    # node (sixteen processes on four cores) a batch the worker read, and whose latency started a
+    # round, was stamped 10 ms after that round; the other way round a batch read just after a round
+    # can be stamped just before it. Each round names the latest batch the worker had read (its
+    # latency), which the replay follows over the stamps.
+    rows, cores = replay.load_run(run_dir, "learned")
+    rounds = [r["t_s"] for r in rows if r["kind"] == "decision"]
+    moved, crossed = [], 0
+    for r in rows:
+        if r["kind"] == "batch":
+            t = r["t_s"]
+            if late:  # one that started a round (read just before it), stamped 10 ms after it
+                if any(t <= u < t + 0.01 for u in rounds):
+                    r = dict(r, t_s=t + 0.01)
+                    crossed += 1
+            else:  # one read within a step after a round, stamped 1 ms before that round
+                before = [u for u in rounds if t - 0.05 - 1e-9 <= u < t]
+                if before:
+                    r = dict(r, t_s=before[-1] - 0.001)
+                    crossed += 1
+        moved.append(r)
+    assert crossed > 5  # the stamps alone feed these batches on the wrong side of a round
+    res = replay.replay(moved, "learned", cores)
+    assert res["agreement"] == 1.0
+    assert res["replayed_changes"] == res["recorded_changes"] > 10
+
+
 def test_the_replayed_rounds_see_the_cpu_shares_the_run_saw(run_dir, monkeypatch):
     # A container added at a round has its CPU baseline there: what it used before must not count
     # towards its next share (it did, and the second round's shares came out a few per mille high).
