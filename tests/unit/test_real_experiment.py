@@ -206,3 +206,42 @@ def test_an_older_summary_gets_its_noise_from_the_records(tmp_path, capsys):
         assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--update", str(md)]) == 2
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err and not md.exists()
+
+
+def test_the_oracle_again_with_the_work_per_batch_each_run_measured(tmp_path, capsys):
+    # The calibrated profiles can be off for the machine a run had (on the 16-core host a batch took
+    # 10-35 % less CPU than calibrated): beside the profiles' oracle, the same oracle with each model's
+    # work per batch as the run's own batches measured it (their median CPU-seconds).
+    specs = realexp.plan_containers(2, ["resnet50"], BUILTIN_PROFILES, 2.0)
+    work = BUILTIN_PROFILES["resnet50"].work_cpu_s
+    final = {c.name: {"latency_s": 3.0, "cls": "S", "limit": 0.25, "cpu_cores": 0.5} for c in specs}
+    d = {"command": "dqoes experiment real", "started_at": "now", "image": "img", "cores": 2.0, "batch": 10,
+         "resolution_px": 224, "duration_s": 100, "profiles": "built-in",
+         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s, "fastest_s": 1.0}
+                        for c in specs],
+         "real": {"learned": {"satisfied_final": 1, "met_final": 2, "final_window_s": 10.0, "series": [],
+                              "final": final, "loadavg_1m": None, "total_cpu_cores_final": 1.0}},
+         "sim": {}}
+    half = [0.45 * work, 0.5 * work, 0.55 * work]
+    rows = [_decision(0.0, {"c01": 0.5, "c02": 0.5}),
+            dict(_batch(40.0, "c01", 9.0, index=0), cpu_s=9.0 * work),  # the warm-up: left out
+            dict(_batch(41.0, "c02", 3.0), cpu_s=None)]  # no CPU reading: left out
+    rows += [dict(_batch(60.0 + 3 * i, "c01", 3.0 + 0.1 * i), cpu_s=v) for i, v in enumerate(half)]
+    assert realexp.measured_work(d, rows) == {"resnet50": round(0.5 * work, 4)}
+    # c01 asks for 0.8 x its fastest batch under the profile: out of reach, until a batch costs half.
+    calibrated = realexp.oracle_with_work(d, BUILTIN_PROFILES, {"resnet50": work}, None)
+    halved = realexp.oracle_with_work(d, BUILTIN_PROFILES, {"resnet50": 0.5 * work}, 0.05)
+    assert (calibrated["met"], halved["met"]) == (1, 2)
+    assert calibrated["under_noise"] is None and halved["under_noise"]["met_expected"] > 1.5
+    src, rec = tmp_path / "summary.json", tmp_path / "run"
+    src.write_text(json.dumps(d))
+    rec.mkdir()
+    (rec / "learned.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--json"]) == 0
+    out = capsys.readouterr().out
+    got = json.loads(out.strip().splitlines()[-1])["real"]["learned"]
+    assert got["oracle_measured_work"] == realexp.oracle_with_work(
+        d, BUILTIN_PROFILES, {"resnet50": round(0.5 * work, 4)}, got["noise"]["sd"])
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec)]) == 0
+    assert f"learned: resnet50 {0.5 * work:.3g} s (profile {work:.3g}); bound 2 / " in capsys.readouterr().out
+    assert json.loads(src.read_text()) == d  # reading back changes no file
