@@ -108,6 +108,8 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
                 cpu_total[name] += c["cpu_share"] * (t - last_t) * cores
         for gone in [n for n in ctl.containers if n not in seen]:
             ctl.remove(gone, t)
+            pending.pop(gone, None)  # one that comes back under the name starts afresh
+            last_fed.pop(gone, None)
         for name, (objective_s, alpha) in now.items():
             if name in ctl.containers:
                 ctl.set_objective(name, objective_s, t, alpha)  # as the worker had it at this round
