@@ -432,16 +432,20 @@ def measured_noise(rows: Sequence[dict[str, Any]], from_s: float) -> dict[str, A
     return {"sd": round(math.sqrt(sq / n), 4), "batches": used}
 
 
+def _oracle_items(d: dict[str, Any], profiles: dict[str, ModelProfile], alpha: float) -> list[OracleItem]:
+    """The run's containers as the oracle sees them, each with its profile from `profiles`."""
+    specs = [ContainerSpec(c["name"], c["model"], c["objective_s"], 0.0, "node", threads=1) for c in d["containers"]]
+    sc = sim_scenario(specs, profiles, d["cores"], d["duration_s"])
+    return [OracleItem(c.name, c.objective_s, alpha, sc.profile_of(c)) for c in specs]
+
+
 def oracle_under_noise(d: dict[str, Any], profiles: dict[str, ModelProfile], sd: float,
                        alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:
     """The oracle on the run's node and containers (the calibrated profiles as the truth) under
     log-normal noise of `sd`: the allocation that expects the most met + in band, and the lower median
     of its met and in-band counts (the statistic a run's plateau reports), beside their expectations, and
     the most met, and the most in band, that any allocation can expect (each alone)."""
-    specs = [ContainerSpec(c["name"], c["model"], c["objective_s"], 0.0, "node", threads=1) for c in d["containers"]]
-    sc = sim_scenario(specs, profiles, d["cores"], d["duration_s"])
-    items = [OracleItem(c.name, c.objective_s, alpha, sc.profile_of(c)) for c in specs]
-    ex = expected_plan(items, d["cores"], sd)
+    ex = expected_plan(_oracle_items(d, profiles, alpha), d["cores"], sd)
     return {"met": ex.met_median, "in_band": ex.in_band_median,
             "met_expected": round(ex.met, 2), "in_band_expected": round(ex.in_band, 2),
             "met_ceiling": round(ex.met_ceiling, 2), "in_band_ceiling": round(ex.in_band_ceiling, 2)}
@@ -469,9 +473,7 @@ def oracle_with_work(d: dict[str, Any], profiles: dict[str, ModelProfile], work:
     noise-free bound (met / in band) and, with `sd`, the oracle under that noise (as
     `oracle_under_noise`, with these profiles)."""
     measured = {m: dataclasses.replace(p, work_cpu_s=work[m]) if m in work else p for m, p in profiles.items()}
-    specs = [ContainerSpec(c["name"], c["model"], c["objective_s"], 0.0, "node", threads=1) for c in d["containers"]]
-    sc = sim_scenario(specs, measured, d["cores"], d["duration_s"])
-    plan = plan_node([OracleItem(c.name, c.objective_s, alpha, sc.profile_of(c)) for c in specs], d["cores"])
+    plan = plan_node(_oracle_items(d, measured, alpha), d["cores"])
     return {"work_cpu_s": work, "profile_work_cpu_s": {m: round(profiles[m].work_cpu_s, 4) for m in work if m in profiles},
             "met": plan.met_count, "in_band": plan.count,
             "under_noise": None if sd is None else oracle_under_noise(d, measured, sd, alpha)}
@@ -479,22 +481,21 @@ def oracle_with_work(d: dict[str, Any], profiles: dict[str, ModelProfile], work:
 
 def add_noise_bounds(d: dict[str, Any], records: dict[str, Sequence[dict[str, Any]]],
                      profiles: dict[str, ModelProfile]) -> None:
-    """Into each policy's summary that lacks it: the noise its run saw over the second half
-    (`noise`) and the oracle under that noise (`oracle_under_noise`)."""
+    """Into each policy's summary that lacks them: the noise its run saw over the second half
+    (`noise`), the oracle under that noise (`oracle_under_noise`), and the same oracle with the work
+    per batch the run measured (`oracle_measured_work`)."""
     for p, r in d["real"].items():
-        if "noise" in r or p not in records:
+        if p not in records:
             continue
-        try:
-            r["noise"] = measured_noise(records[p], d["duration_s"] / 2)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ExperimentError(f"the record of {p} is not as `dqoes experiment real --out` writes it "
-                                  f"({type(e).__name__}: {e})") from None
-        if r["noise"] is not None:
-            r["oracle_under_noise"] = oracle_under_noise(d, profiles, r["noise"]["sd"])
-    for p, r in d["real"].items():
-        if "oracle_measured_work" in r or p not in records:
-            continue
-        work = measured_work(d, records[p])
+        if "noise" not in r:
+            try:
+                r["noise"] = measured_noise(records[p], d["duration_s"] / 2)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                raise ExperimentError(f"the record of {p} is not as `dqoes experiment real --out` writes it "
+                                      f"({type(e).__name__}: {e})") from None
+            if r["noise"] is not None:
+                r["oracle_under_noise"] = oracle_under_noise(d, profiles, r["noise"]["sd"])
+        work = None if "oracle_measured_work" in r else measured_work(d, records[p])
         if work:
             r["oracle_measured_work"] = oracle_with_work(d, profiles, work, (r.get("noise") or {}).get("sd"))
 

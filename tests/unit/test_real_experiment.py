@@ -167,16 +167,22 @@ def test_the_oracle_under_noise_keeps_fewer_in_band_the_noisier_the_run():
     assert quiet["in_band"] <= realexp.forecast(sc, "default")["oracle_satisfied"]
 
 
-def test_an_older_summary_gets_its_noise_from_the_records(tmp_path, capsys):
+def _older_summary() -> dict:
+    """A learned run's summary of two ResNet-50s on 2 cores (built-in profiles), from before a summary
+    kept the noise and the oracles beside it."""
     specs = realexp.plan_containers(2, ["resnet50"], BUILTIN_PROFILES, 2.0)
     final = {c.name: {"latency_s": 3.0, "cls": "S", "limit": 0.25, "cpu_cores": 0.5} for c in specs}
-    d = {"command": "dqoes experiment real", "started_at": "now", "image": "img", "cores": 2.0, "batch": 10,
-         "resolution_px": 224, "duration_s": 100, "profiles": "built-in",
-         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s, "fastest_s": 1.0}
-                        for c in specs],
-         "real": {"learned": {"satisfied_final": 1, "met_final": 2, "final_window_s": 10.0, "series": [],
-                              "final": final, "loadavg_1m": None, "total_cpu_cores_final": 1.0}},
-         "sim": {}}
+    return {"command": "dqoes experiment real", "started_at": "now", "image": "img", "cores": 2.0, "batch": 10,
+            "resolution_px": 224, "duration_s": 100, "profiles": "built-in",
+            "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s, "fastest_s": 1.0}
+                           for c in specs],
+            "real": {"learned": {"satisfied_final": 1, "met_final": 2, "final_window_s": 10.0, "series": [],
+                                 "final": final, "loadavg_1m": None, "total_cpu_cores_final": 1.0}},
+            "sim": {}}
+
+
+def test_an_older_summary_gets_its_noise_from_the_records(tmp_path, capsys):
+    d = _older_summary()
     src = tmp_path / "summary.json"
     src.write_text(json.dumps(d))
     assert main(["experiment", "real", "--from", str(src)]) == 0
@@ -212,16 +218,8 @@ def test_the_oracle_again_with_the_work_per_batch_each_run_measured(tmp_path, ca
     # The calibrated profiles can be off for the machine a run had (on the 16-core host a batch took
     # 10-35 % less CPU than calibrated): beside the profiles' oracle, the same oracle with each model's
     # work per batch as the run's own batches measured it (their median CPU-seconds).
-    specs = realexp.plan_containers(2, ["resnet50"], BUILTIN_PROFILES, 2.0)
     work = BUILTIN_PROFILES["resnet50"].work_cpu_s
-    final = {c.name: {"latency_s": 3.0, "cls": "S", "limit": 0.25, "cpu_cores": 0.5} for c in specs}
-    d = {"command": "dqoes experiment real", "started_at": "now", "image": "img", "cores": 2.0, "batch": 10,
-         "resolution_px": 224, "duration_s": 100, "profiles": "built-in",
-         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s, "fastest_s": 1.0}
-                        for c in specs],
-         "real": {"learned": {"satisfied_final": 1, "met_final": 2, "final_window_s": 10.0, "series": [],
-                              "final": final, "loadavg_1m": None, "total_cpu_cores_final": 1.0}},
-         "sim": {}}
+    d = _older_summary()
     half = [0.45 * work, 0.5 * work, 0.55 * work]
     rows = [_decision(0.0, {"c01": 0.5, "c02": 0.5}),
             dict(_batch(40.0, "c01", 9.0, index=0), cpu_s=9.0 * work),  # the warm-up: left out
