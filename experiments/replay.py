@@ -89,7 +89,6 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
     events = sorted(batches + rounds, key=lambda e: (e[0], e[1]))
     taken: set[int] = set()
     pending: dict[str, list[tuple[float, Mapping[str, Any]]]] = {}
-    last_fed: dict[str, float] = {}
     for i, (t, _, r) in enumerate(events):
         if r["kind"] == "batch":
             if i not in taken and r["container"] in ctl.containers:
@@ -109,14 +108,14 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
         for gone in [n for n in ctl.containers if n not in seen]:
             ctl.remove(gone, t)
             pending.pop(gone, None)  # one that comes back under the name starts afresh
-            last_fed.pop(gone, None)
         for name, (objective_s, alpha) in now.items():
             if name in ctl.containers:
                 ctl.set_objective(name, objective_s, t, alpha)  # as the worker had it at this round
         last_t = t
-        for name in ctl.containers:
-            _feed(ctl, name, _seen_by_worker(name, seen[name].get("latency_s"), t, i, events, taken, pending,
-                                             last_fed), run_limit.get(name), t, last_fed)
+        for name, tr in ctl.containers.items():
+            fed = tr.new_latency_s if tr.new_latency_s is not None else tr.last_latency_s
+            _feed(ctl, name, _seen_by_worker(name, seen[name].get("latency_s"), fed, t, i, events, taken, pending),
+                  run_limit.get(name), t)
         since = {}
         for name, tr in ctl.containers.items():
             since[name] = (tr.limit_since_s, tr.prev_limit)
@@ -187,12 +186,11 @@ def _in_force(objectives: list[tuple[int, dict[str, tuple[float, float | None]]]
     return objectives[-1][1] if objectives else {}
 
 
-def _seen_by_worker(name: str, latency_s: float | None, t: float, at: int,
+def _seen_by_worker(name: str, latency_s: float | None, fed: float | None, t: float, at: int,
                     events: list[tuple[float, int, Mapping[str, Any]]], taken: set[int],
-                    pending: dict[str, list[tuple[float, Mapping[str, Any]]]],
-                    last_fed: dict[str, float]) -> list[tuple[float, Mapping[str, Any]]]:
+                    pending: dict[str, list[tuple[float, Mapping[str, Any]]]]) -> list[tuple[float, Mapping[str, Any]]]:
     """The batches of `name` the worker had read by the round at `t` (the `at`-th event) that the
-    replay has not fed yet.
+    replay has not fed yet (`fed`: the latency of the latest it fed).
 
     The record stamps a batch when the recorder received it and a round when the worker ran it;
     on a busy node the two race (a batch the worker read and acted on was stamped 10 ms after the
@@ -201,7 +199,7 @@ def _seen_by_worker(name: str, latency_s: float | None, t: float, at: int,
     after it. Where the record has no such batch (or the round no latency), the stamps decide."""
     queue = pending.get(name, [])
     if latency_s is not None:
-        if name in last_fed and math.isclose(last_fed[name], latency_s, rel_tol=1e-12):
+        if fed is not None and math.isclose(fed, latency_s, rel_tol=1e-12):
             return []  # its latest is a batch already fed: the worker read none of these yet
         for j, (_, r) in enumerate(queue):
             if math.isclose(r["latency_s"], latency_s, rel_tol=1e-12):
@@ -223,13 +221,12 @@ def _seen_by_worker(name: str, latency_s: float | None, t: float, at: int,
 
 
 def _feed(ctl: NodeController, name: str, batches: list[tuple[float, Mapping[str, Any]]],
-          limit: float | None, t: float, last_fed: dict[str, float]) -> None:
+          limit: float | None, t: float) -> None:
     """Give the controller these batches of `name`, each under the run's limit then, no later than `t`."""
     tr = ctl.containers[name]
     for tb, r in batches:
         tr.limit = limit  # the batch ran under the run's limit
         ctl.record_latency(name, r["latency_s"], min(tb, t), r.get("cpu_s"))
-        last_fed[name] = r["latency_s"]
 
 
 def _same(a: float | None, b: float | None) -> bool:
