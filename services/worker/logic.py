@@ -25,7 +25,7 @@ from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController
 from shared.core.policy import numeric_params, unknown_params
-from shared.core.types import Cls, Decision, classify
+from shared.core.types import Cls, Decision, classify, workload_of
 from shared.ratelog import RateLimitedLog
 from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
 from shared.schema import (
@@ -144,7 +144,8 @@ class Worker:
             # which Docker sets to the short id.
             name = self.by_id.get(name[:12], name) if len(name) >= 12 else name
         cpu_s = msg.cpu_s or None  # 0.0: the container did not measure it
-        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock(), cpu_s):
+        workload = workload_of(msg.model, msg.images)
+        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock(), cpu_s, workload):
             self.ignored_latencies += 1
             return
         self.last_batch_at[name] = msg.finished_at if msg.finished_at is not None else self.wall()
@@ -258,7 +259,7 @@ class Worker:
         if c.name not in self.originals:  # after a crash the file still has the true original
             self.originals[c.name] = c.limit
             _save_originals(self.originals_file, self.originals)
-        self.ctrl.add(c.name, self.clock(), limit=_fraction(c.limit))
+        self.ctrl.add(c.name, self.clock(), limit=_fraction(c.limit), workload=workload_of(c.model))
         a = self.assigned.get(c.name)
         objective, alpha = (a.objective_s, a.alpha) if a is not None else (c.objective_s, c.alpha)
         if objective is not None:

@@ -69,6 +69,8 @@ class Tracked:
     """When the limit in force was set (batches that started earlier straddle a change)."""
     prev_limit: float | None = None
     """The limit before the one in force."""
+    workload: str | None = None
+    """Model and images per batch, as its latest batch reported them (None: not reported)."""
     recent: list[BatchObs] = field(default_factory=list)
     """Batches finished since the last round (at most MAX_RECENT, newest last)."""
 
@@ -103,14 +105,16 @@ class NodeController:
         objective_s: float | None = None,
         alpha: float | None = None,
         limit: float | None = None,
+        workload: str | None = None,
     ) -> None:
-        """A container appeared on the node (with its CPU counter now, if known)."""
+        """A container appeared on the node (with its CPU counter now, if known, and its model, if
+        labelled: its first batch reports the model and images per batch as its workload)."""
         check_objective(objective_s)
         check_alpha(alpha)
         check_fraction(limit, "limit")
         if name in self.containers:
             return
-        t = Tracked(name, objective_s, alpha, limit)
+        t = Tracked(name, objective_s, alpha, limit, workload=workload or None)
         if cpu_total_s is not None:
             t.cpu_base_s, t.cpu_base_at_s = cpu_total_s, now_s
         self.containers[name] = t
@@ -136,7 +140,8 @@ class NodeController:
         self._trigger("objective", now_s)
 
     def record_latency(
-        self, name: str, latency_s: float, now_s: float | None = None, cpu_s: float | None = None
+        self, name: str, latency_s: float, now_s: float | None = None, cpu_s: float | None = None,
+        workload: str | None = None,
     ) -> bool:
         """A batch finished. Unknown containers and nonsense values are ignored (False).
 
@@ -152,6 +157,8 @@ class NodeController:
         if t is None or not (math.isfinite(latency_s) and latency_s > 0):
             return False
         t.new_latency_s = latency_s
+        if workload:
+            t.workload = workload
         if now_s is not None:
             # A batch that began before its limit changed ran partly under the old one.
             clean = now_s - latency_s >= t.limit_since_s - 1e-9
@@ -226,6 +233,7 @@ class NodeController:
                     t.cls,
                     t.slack_s,
                     tuple(t.recent),
+                    t.workload,
                 )
             )
             if t.recent:

@@ -69,7 +69,7 @@ from shared.core.policy import (
     no_curves,
 )
 from shared.core.profiles import ModelProfile
-from shared.core.types import BatchObs, ContainerView, Decision, NodeView
+from shared.core.types import WORKLOAD_SEP, BatchObs, ContainerView, Decision, NodeView
 
 BINDING = 0.85
 """A batch that used at least this share of its limit was held by it."""
@@ -116,6 +116,11 @@ POOL_MIN = 3
 """Containers of a node whose slopes the data pins down before their slopes inform the others."""
 POOL_PINNED = 0.5
 """A slope is pinned down when its posterior sd is at most this share of its prior's."""
+HEIGHT_SPREAD_MIN = 0.05
+"""Replicas' curves are never taken as closer than this (sd of log latency at one limit): work per
+batch that replicas measured on one node differed by about this much (docs/algorithms.md)."""
+HEIGHT_SPREAD_UNKNOWN = 0.2
+"""How far apart replicas' curves are taken to be until two replicas of one workload have been seen."""
 SWITCH_EVIDENCE = 0.02
 """A container's fit changes memory once the other foresaw its batches better by this share of both
 memories' squared errors (about 4 % of the mean squared error)."""
@@ -145,6 +150,10 @@ class LearnedParams(BaseParams):
     """What a container that cannot be met gets at most, in fair shares of the node (node / |C|)."""
     use_prior: float = 0.0
     """1: start each curve from the container's calibrated profile (when one is known); 0: observations only."""
+    pool_work: float = 1.0
+    """1: a container's prior on its curve's height is what its replicas on the node (same model, same
+    images per batch) show, as far as replicas there agree (docs/algorithms.md, "Work shared by
+    replicas"); a newcomer with a replica is placed by it before its first batch; 0: its own."""
     pool_slopes: float = 1.0
     """1: a container's prior on its slope is what the node's other containers show, where their
     slopes are pinned down and agree (docs/algorithms.md, "Slopes shared on a node"); 0: its own."""
@@ -162,6 +171,7 @@ class LearnedParams(BaseParams):
         for name, lo, hi in (("half_life_batches", 1.0, 1000.0), ("half_life_s", 0.0, 3600.0),
                              ("confidence_z", 0.0, 5.0),
                              ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0), ("pool_slopes", 0.0, 1.0),
+                             ("pool_work", 0.0, 1.0),
                              ("expected_aim", 0.0, 1.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and lo <= v <= hi):
@@ -202,6 +212,13 @@ class Curve:
     k_node: tuple[float, float] | None = None
     """(mean, sd) of the slope the node's other containers show (docs/algorithms.md, "Slopes shared
     on a node"): the prior on k in place of (k_mean, k_sd) where it is narrower."""
+    height_node: tuple[float, float, float] | None = None
+    """(x0, mean, variance) of its log latency at log cores x0 as its replicas on the node show it (same
+    model and batch; docs/algorithms.md, "Work shared by replicas"): a prior on its curve's height."""
+    workload: str | None = None
+    """What it runs (model and images per batch), as its batches report it; None: not known."""
+    solo: bool = False
+    """Its curve moved on its own (a drift restart): its replicas' curves no longer speak for it."""
     sat_cores: float | None = None
     """Most cores the container has been seen able to use; None: no sign of a ceiling."""
     suspects: list[tuple[float, float, float, float]] = field(default_factory=list)
@@ -262,6 +279,7 @@ class Curve:
         self.foresight = None
         self.n = 0
         self.theta_sd = math.inf
+        self.solo, self.height_node = True, None
         self.suspects.clear()
         self.fit = None
 
@@ -279,7 +297,7 @@ class Curve:
             self.back = 0
         if self.back >= 2:
             for name in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd",
-                         "long_sums"):
+                         "long_sums", "solo"):
                 setattr(self, name, getattr(old, name))
             self.before, self.fit = None, None
         elif self.since_restart >= RESTART_WATCH:
@@ -304,32 +322,45 @@ class Curve:
 
     def solve_memory(self, long: bool, own: bool = False) -> tuple[float, float, float, float, float, float] | None:
         """The fit over the short memory (half-life in batches) or the long one (`half_life_s`); with
-        `own`, under the curve's own prior on k (what its data says, for the node's pool)."""
+        `own`, its own data under its own prior on k alone (what it says by itself, for the node's pools).
+        A curve with no data of its own but a height from its replicas is fitted on that alone."""
         sw, sw2, sx, sy, sxx, sxy, syy = self.long_sums if long else self.short_sums
         k_mean, k_sd = (self.k_mean, self.k_sd) if own else self.k_prior()
-        if sw <= 0:
+        height = None if own else self.height_node
+        if sw <= 0 and height is None:
             return None
         # y = theta0 - k x: design row (1, -x).
         a11, a12, a22 = sw, -sx, sxx
         b1, b2 = sy, -sxy
+        # Priors as precisions: on theta0 (a profile), on k, and on the height at x0 (the replicas').
+        t_prec = 0.0 if math.isinf(self.theta_sd) else 1 / self.theta_sd**2
+        q11, q12, q22 = t_prec, 0.0, 1 / k_sd**2
+        s1, s2 = t_prec * self.theta_mean, k_mean / k_sd**2
+        if height is not None:
+            x0, y0, var0 = height
+            q11, q12, q22 = q11 + 1 / var0, q12 - x0 / var0, q22 + x0 * x0 / var0
+            s1, s2 = s1 + y0 / var0, s2 - x0 * y0 / var0
         # Noise from the weighted residuals of the plain fit (prior NOISE_PRIOR).
         sigma2 = NOISE_PRIOR**2
-        for _ in range(2):
-            p11 = a11 / sigma2 + (0.0 if math.isinf(self.theta_sd) else 1 / self.theta_sd**2) + 1e-9
-            p12 = a12 / sigma2
-            p22 = a22 / sigma2 + 1 / k_sd**2
-            r1 = b1 / sigma2 + (0.0 if math.isinf(self.theta_sd) else self.theta_mean / self.theta_sd**2)
-            r2 = b2 / sigma2 + k_mean / k_sd**2
+        for _ in range(2 if sw > 0 else 1):
+            p11 = a11 / sigma2 + q11 + 1e-9
+            p12 = a12 / sigma2 + q12
+            p22 = a22 / sigma2 + q22
+            r1 = b1 / sigma2 + s1
+            r2 = b2 / sigma2 + s2
             det = p11 * p22 - p12 * p12
             if det <= 0:
                 return None
             theta = (p22 * r1 - p12 * r2) / det
             k = (p11 * r2 - p12 * r1) / det
+            if sw <= 0:
+                break
             # Weighted residual sum of squares of y - (theta - k x).
             rss = syy - 2 * theta * sy + 2 * k * sxy + theta * theta * sw - 2 * theta * k * sx + k * k * sxx
             # The fit took some of the spread: divide by the weight left once its effective parameters
-            # (2 less what the priors pin down) have taken their share of it, each sw2 / sw.
-            dof = 2.0 - (0.0 if math.isinf(self.theta_sd) else p22 / det / self.theta_sd**2) - p11 / det / k_sd**2
+            # (2 less what the priors pin down: the trace of the posterior covariance times the
+            # priors' precision) have taken their share of it, each sw2 / sw.
+            dof = 2.0 - (p22 * q11 - 2 * p12 * q12 + p11 * q22) / det
             left = max(0.0, sw - dof * sw2 / sw)
             sigma2 = (max(0.0, rss) + NOISE_PSEUDO * NOISE_PRIOR**2) / (left + NOISE_PSEUDO)
         clamped = min(K_RANGE[1], max(K_RANGE[0], k))
@@ -509,13 +540,22 @@ class LearnedPolicy(PolicyBase):
             del self.curves[gone]
         busy = sum(v.cpu_share or 0.0 for v in view.containers)
         for v in view.containers:
-            self._observe(v, self._curve(v.name), cores, busy)
+            curve = self._curve(v.name)
+            curve.workload = v.workload or curve.workload
+            self._observe(v, curve, cores, busy)
+        own = _own_fits(self.curves)
         if p.pool_slopes >= 0.5:
-            _pool_slopes(self.curves)
+            _pool_slopes(self.curves, own)
         else:  # turned off at runtime: no curve keeps the node's prior it had
             for c in self.curves.values():
                 if c.k_node is not None:
                     c.k_node, c.fit = None, None
+        if p.pool_work >= 0.5:
+            _pool_heights(self.curves, own)
+        else:
+            for c in self.curves.values():
+                if c.height_node is not None:
+                    c.height_node, c.fit = None, None
         plans = self._solve(view.containers, cores)
         floor = floor_limit(len(view.containers))
         proposal: dict[str, float] = {}
@@ -821,7 +861,7 @@ def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float]
     curve.add(x, y, w, decay)
 
 
-def _pool_slopes(curves: dict[str, Curve]) -> None:
+def _pool_slopes(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | None] | None = None) -> None:
     """Set each curve's node prior on its slope from the others' pinned-down slopes.
 
     A random-effects pool: each pinned slope (its own data's posterior mean and variance) counts by
@@ -830,9 +870,10 @@ def _pool_slopes(curves: dict[str, Curve]) -> None:
     own included (one that differs widens everyone's prior, its own too); the mean leaves the curve's
     own slope out, so that it never informs its own prior. Fewer than POOL_MIN others: no node prior.
     """
+    own = own if own is not None else _own_fits(curves)
     pinned: dict[str, tuple[float, float]] = {}
     for name, c in curves.items():
-        f = c.solve_memory(c.long_active, own=True)
+        f = own[name]
         if f is not None and math.sqrt(f[4]) <= POOL_PINNED * c.k_sd:
             pinned[name] = (f[1], f[4])
     tau2 = _between_variance(list(pinned.values())) if len(pinned) >= 2 else 0.0
@@ -850,6 +891,92 @@ def _pool_slopes(curves: dict[str, Curve]) -> None:
         if prior != c.k_node:
             c.k_node = prior
             c.fit = None
+
+
+def _own_fits(curves: dict[str, Curve]) -> dict[str, tuple[float, float, float, float, float, float] | None]:
+    """Each curve's fit on its own data under its own prior on k: what it says by itself."""
+    return {n: c.solve_memory(c.long_active, own=True) for n, c in curves.items()}
+
+
+def _pool_heights(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | None] | None = None) -> None:
+    """Set each curve's prior on its height from its replicas on the node (same workload).
+
+    Replicas run the same model on the same batch, kernel and CPUs, so where one has been seen the
+    others' curves are known in part before they are seen at all. Per workload, every replica whose
+    own data gives a fit (and whose curve never moved on its own) is read at x0, its group's
+    precision-weighted mean log cores: (height, variance) there. A random-effects pool as for slopes:
+    the spread of true heights between replicas (HEIGHT_SPREAD_MIN at least; HEIGHT_SPREAD_UNKNOWN
+    until two replicas of some workload have been seen) is measured over every group, each curve's
+    own height included; a curve's prior is the mean of the others in its group, as wide as that
+    spread plus the mean's own variance. No replica seen: no prior.
+    """
+    own = own if own is not None else _own_fits(curves)
+    groups: dict[str, dict[str, tuple[float, float]]] = {}
+    at: dict[str, float] = {}
+    for workload in {c.workload for c in curves.values() if c.workload is not None}:
+        fits = {n: (own[n], curves[n]) for n, c in curves.items()
+                if c.workload == workload and not c.solo and own[n] is not None}
+        if not fits:
+            continue
+        xs = []
+        for f, c in fits.values():
+            sums = c.long_sums if c.long_active else c.short_sums
+            if sums[0] > 0:
+                xs.append((sums[2] / sums[0], 1.0 / max(f[2], 1e-12)))
+        if not xs:
+            continue
+        x0 = sum(x * w for x, w in xs) / sum(w for _, w in xs)
+        at[workload] = x0
+        heights = {}
+        for n, (f, c) in fits.items():
+            pred = c.predict(math.exp(x0), f)
+            if pred is not None:
+                heights[n] = (pred[0], max(pred[1] ** 2, 1e-12))
+        groups[workload] = heights
+    tau2 = _between_variance_grouped([list(h.values()) for h in groups.values() if len(h) >= 2])
+    if tau2 is None:
+        tau2 = HEIGHT_SPREAD_UNKNOWN**2
+    tau2 = max(tau2, HEIGHT_SPREAD_MIN**2)
+    for name, c in curves.items():
+        prior = None
+        key = None if c.solo else _group_of(c.workload, groups)
+        if key is not None:
+            others = [h for n, h in groups[key].items() if n != name]
+            if others:
+                w = [1.0 / (v + tau2) for _, v in others]
+                sw = sum(w)
+                mean = sum(wi * m for wi, (m, _) in zip(w, others, strict=True)) / sw
+                prior = (at[key], mean, tau2 + 1.0 / sw)
+        if prior != c.height_node:
+            c.height_node = prior
+            c.fit = None
+
+
+def _group_of(workload: str | None, groups: dict[str, dict[str, tuple[float, float]]]) -> str | None:
+    """The replicas' group of a workload: its own; for a model known only by its label (no batch
+    reported yet), the one group of that model's replicas, if they all run one batch size."""
+    if workload is None:
+        return None
+    if workload in groups or WORKLOAD_SEP in workload:
+        return workload if workload in groups else None
+    same = [g for g in groups if g.rpartition(WORKLOAD_SEP)[0] == workload]
+    return same[0] if len(same) == 1 else None
+
+
+def _between_variance_grouped(groups: Sequence[Sequence[tuple[float, float]]]) -> float | None:
+    """The DerSimonian-Laird spread between members, pooled over groups (each with its own mean):
+    what the estimates spread about their group's mean beyond their own variances. None: no group of two."""
+    q = df = c = 0.0
+    for est in groups:
+        w = [1.0 / v for _, v in est]
+        sw = sum(w)
+        mean = sum(wi * m for wi, (m, _) in zip(w, est, strict=True)) / sw
+        q += sum(wi * (m - mean) ** 2 for wi, (m, _) in zip(w, est, strict=True))
+        df += len(est) - 1
+        c += sw - sum(wi * wi for wi in w) / sw
+    if df == 0:
+        return None
+    return max(0.0, (q - df) / c) if c > 0 else 0.0
 
 
 def _between_variance(slopes: Sequence[tuple[float, float]]) -> float:

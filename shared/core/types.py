@@ -50,6 +50,18 @@ def is_met(objective_s: float | None, latency_s: float | None, alpha: float) -> 
     return classify(objective_s, latency_s, alpha) is not Cls.B
 
 
+def workload_of(model: str | None, images: int | None = None) -> str | None:
+    """The key replicas share: the model and, once a batch has reported it, the images per batch
+    ("resnet50@100"); the model alone ("resnet50") where only a label gives it. None: unknown."""
+    if not model:
+        return None
+    return model if images is None else f"{model}{WORKLOAD_SEP}{images}"
+
+
+WORKLOAD_SEP = "@"
+"""Between the model and the images per batch in a workload key."""
+
+
 @dataclass(frozen=True, slots=True)
 class BatchObs:
     """One finished batch as the controller saw it arrive.
@@ -103,6 +115,9 @@ class ContainerView:
     prev_slack_s: float | None = None
     batches: tuple[BatchObs, ...] = ()
     """Every batch finished since the previous round, oldest first (the latest is `latency_s`)."""
+    workload: str | None = None
+    """What it runs, as its batches report it (model and images per batch): containers with the same
+    workload on a node are replicas. None: not reported."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,10 +33,16 @@ from shared.core.measures import (
 from shared.core.oracle import OracleItem, expected_plan, plan_node
 from shared.core.policy import Policy, PolicyContext
 from shared.core.profiles import ModelProfile
-from shared.core.types import Decision, is_met, is_satisfied
+from shared.core.types import Decision, is_met, is_satisfied, workload_of
 from shared.scenarios.placement import place
 from shared.scenarios.spec import Scenario
 from shared.sim.physics import SimNode
+
+
+def _workload(specs: dict[str, Any], b: Any) -> str | None:
+    """What a simulated batch reports of its workload, as an inference container's event does."""
+    spec = specs.get(b.container)
+    return workload_of(spec.model if spec is not None else None, b.images)
 
 
 def policy_context(scenario: Scenario, work_factor: Callable[[str], float] | None = None) -> PolicyContext:
@@ -349,7 +355,7 @@ def simulate(
         for name, node in nodes.items():
             done = node.advance(t)
             for b in done:
-                ctrls[name].record_latency(b.container, b.latency_s, t, b.cpu_s)
+                ctrls[name].record_latency(b.container, b.latency_s, t, b.cpu_s, _workload(specs, b))
                 latest[b.container] = b.latency_s
                 batches[b.container] = batches.get(b.container, 0) + 1
             if done:
@@ -371,7 +377,7 @@ def simulate(
                     continue
                 if ch.work_factor is not None:
                     for b in nodes[where].set_work_factor(cname, ch.work_factor, t):
-                        ctrls[where].record_latency(b.container, b.latency_s, t, b.cpu_s)
+                        ctrls[where].record_latency(b.container, b.latency_s, t, b.cpu_s, _workload(specs, b))
                         latest[b.container] = b.latency_s
                         batches[b.container] = batches.get(b.container, 0) + 1
                 if ch.objective_s is not None:
@@ -388,7 +394,7 @@ def simulate(
                     scenario.noise_sigma, limit, scenario.noise_rho,
                 )
                 ctrls[where].add(cname, t, cpu_total_s=0.0, objective_s=spec.objective_s,
-                                 alpha=spec.alpha, limit=limit)
+                                 alpha=spec.alpha, limit=limit, workload=spec.model)
                 changed(where, t)
             else:
                 where = placed[cname]

@@ -226,8 +226,10 @@ def test_a_container_left_out_for_room_gets_what_is_left_when_that_gives_it_a_ch
 
     chance = [met_fractions(1.0, seed) for seed in range(1, 9)]
     split = [met_fractions(0.0, seed) for seed in range(1, 9)]
-    for one in split:
-        assert min(one) <= 0.2 and sum(one) >= 1.9, split  # the third is late (nearly) every batch
+    # The third is late (nearly) every batch, in most runs: the three are replicas, and where their
+    # pooled curve leaves margins small enough all three may fit.
+    assert sum(1 for one in split if min(one) <= 0.2) >= 6, split
+    assert all(sum(one) >= 1.9 for one in split), split
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
     assert mean([sum(x) for x in chance]) > mean([sum(x) for x in split]) + 0.1, (chance, split)
     assert mean([min(x) for x in chance]) > 0.25, chance
@@ -416,9 +418,11 @@ def test_a_container_at_the_edge_of_its_ceiling_keeps_it_while_there_is_room(see
     # slow edge is 2.42 s: met about one batch in three there, never at a fair share (2.67 cores, 3.75 s).
     # Whether it counts as met more often than not turns with each batch; the limit must not follow
     # (the verdict flipped it between the two about once every two minutes on a real node). 8 cores:
-    # room for its ceiling beside c1 and c2 (1 core each).
+    # room for its ceiling beside c1 and c2 (1 core each). Rounds at least every 20 s, so that the
+    # rows sampled at rounds (about 90 after 300 s) tell how often it is met.
     sc = scenario([{"name": "c0", "objective_s": 2.2}, {"name": "c1", "objective_s": 10.0},
-                   {"name": "c2", "objective_s": 10.0}], cores=8.0, noise=0.1, duration_s=1800.0)
+                   {"name": "c2", "objective_s": 10.0}], cores=8.0, noise=0.1, duration_s=1800.0,
+                  max_interval_s=20.0)
     res = run(sc, seed)
     late = [r for r in container_rows(res, "c0") if r["t_s"] > 300]
     limits = [r["limit"] for r in late]
