@@ -1107,7 +1107,8 @@ def _reason(plan: _Plan, curve: Curve, chance: bool = False) -> str:
     f = curve.solve()
     if f is None:
         return f"learned: {kind} (no clean batch yet)"
-    return f"learned: {kind} (k {f[1]:.2f}, noise {f[5]:.2f}, {curve.n} batches)"
+    pooled = f", its replicas' curve ±{math.sqrt(curve.height_node[2]):.2f}" if curve.height_node is not None else ""
+    return f"learned: {kind} (k {f[1]:.2f}, noise {f[5]:.2f}, {curve.n} batches{pooled})"
 
 
 SPEC = PolicySpec(
