@@ -36,6 +36,7 @@ from experiments.common import read_record, record_stem
 from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.policy import numeric_params
+from shared.core.types import workload_of
 
 LOOKAHEAD_S = 1.0
 """How long after a round the recorder may have stamped a batch the worker had read before it."""
@@ -52,8 +53,12 @@ def load_run(run_dir: str | Path, policy: str) -> tuple[list[dict[str, Any]], fl
         raise ValueError(f"{summary}: no such file (a directory written by `dqoes experiment real --out`)")
     if not rows_path.is_file():
         raise ValueError(f"{rows_path}: no such file (was {policy} one of the run's policies?)")
-    cores = float(json.loads(summary.read_text())["cores"])
-    return read_record(rows_path), cores
+    d = json.loads(summary.read_text())
+    # Records from before batches carried their model and images: the summary says what each ran.
+    models = {c["name"]: c.get("model") for c in d.get("containers", []) if isinstance(c, Mapping)}
+    rows = [{**r, "model": models.get(r.get("container")), "images": d.get("batch")}
+            if r.get("kind") == "batch" and "model" not in r else r for r in read_record(rows_path)]
+    return rows, float(d["cores"])
 
 
 def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
@@ -87,6 +92,7 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
     per = {n: {"recorded": 0, "replayed": 0, "agree": 0, "rounds": 0} for n in first}
     changes: list[dict[str, Any]] = []
     events = sorted(batches + rounds, key=lambda e: (e[0], e[1]))
+    models = {r["container"]: r.get("model") for _, _, r in reversed(batches)}  # as a label would give it
     taken: set[int] = set()
     pending: dict[str, list[tuple[float, Mapping[str, Any]]]] = {}
     for i, (t, _, r) in enumerate(events):
@@ -99,7 +105,8 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
         for name, c in seen.items():
             if name not in ctl.containers and name in first:
                 objective_s, alpha = now.get(name, (first[name], None))
-                ctl.add(name, t, objective_s=objective_s, alpha=alpha, cpu_total_s=0.0, limit=c["old_limit"])
+                ctl.add(name, t, objective_s=objective_s, alpha=alpha, cpu_total_s=0.0, limit=c["old_limit"],
+                        workload=workload_of(models.get(name)))
                 cpu_total[name] = 0.0
                 run_limit[name] = own[name] = c["old_limit"]
             elif c.get("cpu_share") is not None and name in cpu_total:
@@ -226,7 +233,8 @@ def _feed(ctl: NodeController, name: str, batches: list[tuple[float, Mapping[str
     tr = ctl.containers[name]
     for tb, r in batches:
         tr.limit = limit  # the batch ran under the run's limit
-        ctl.record_latency(name, r["latency_s"], min(tb, t), r.get("cpu_s"))
+        workload = workload_of(r.get("model"), r.get("images"))
+        ctl.record_latency(name, r["latency_s"], min(tb, t), r.get("cpu_s"), workload)
 
 
 def _same(a: float | None, b: float | None) -> bool:
