@@ -15,8 +15,10 @@ The model (docs/algorithms.md, "The learned allocator"):
   the cores c it gets (k = 1 is "work / cores"; real quotas cost extra CPU at
   small limits, k > 1). Fitted by weighted Bayesian linear regression in
   (log c, log L) with a prior k ~ N(1, 0.35^2), narrowed to the slope the node's other
-  containers show where theirs are pinned down and agree (`pool_slopes`), and, only when asked
-  (`use_prior`), a prior on theta0 from a calibrated profile;
+  containers show where theirs are pinned down and agree (`pool_slopes`), a prior on the curve's
+  height from its replicas on the node (same model and batch; `pool_work`), which places a newcomer
+  before its first batch, and, only when asked (`use_prior`), a prior on theta0 from a calibrated
+  profile;
 - c for a batch is its limit when the limit bound it (the batch used at least
   BINDING of it), else the CPU it actually got (CPU-seconds / latency);
 - a container that got less than its limit while the node had idle CPU is
