@@ -913,13 +913,15 @@ def _pool_heights(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | N
     spread plus the mean's own variance. No replica seen: no prior.
     """
     own = own if own is not None else _own_fits(curves)
+    members: dict[str, dict[str, tuple[tuple[float, ...], Curve]]] = {}
+    for n, c in curves.items():
+        f = own[n]
+        if c.workload is not None and not c.solo and f is not None:
+            members.setdefault(c.workload, {})[n] = (f, c)
     groups: dict[str, dict[str, tuple[float, float]]] = {}
     at: dict[str, float] = {}
-    for workload in {c.workload for c in curves.values() if c.workload is not None}:
-        fits = {n: (own[n], curves[n]) for n, c in curves.items()
-                if c.workload == workload and not c.solo and own[n] is not None}
-        if not fits:
-            continue
+    for workload in sorted(members):  # a fixed order: the same sums, to the last bit, every time
+        fits = members[workload]
         xs = []
         for f, c in fits.values():
             sums = c.long_sums if c.long_active else c.short_sums
@@ -939,16 +941,21 @@ def _pool_heights(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | N
     if tau2 is None:
         tau2 = HEIGHT_SPREAD_UNKNOWN**2
     tau2 = max(tau2, HEIGHT_SPREAD_MIN**2)
+    # Sums over each group, each curve's own taken out again below: one pass, however many replicas.
+    sums = {}
+    for key, heights in groups.items():
+        w = {n: 1.0 / (v + tau2) for n, (_, v) in heights.items()}
+        sums[key] = (w, sum(w.values()), sum(w[n] * m for n, (m, _) in heights.items()), len(heights))
     for name, c in curves.items():
         prior = None
         key = None if c.solo else _group_of(c.workload, groups)
         if key is not None:
-            others = [h for n, h in groups[key].items() if n != name]
-            if others:
-                w = [1.0 / (v + tau2) for _, v in others]
-                sw = sum(w)
-                mean = sum(wi * m for wi, (m, _) in zip(w, others, strict=True)) / sw
-                prior = (at[key], mean, tau2 + 1.0 / sw)
+            w, sw, swm, count = sums[key]
+            mine = name in w
+            if count - mine > 0:
+                own_w = w[name] if mine else 0.0
+                own_wm = own_w * groups[key][name][0] if mine else 0.0
+                prior = (at[key], (swm - own_wm) / (sw - own_w), tau2 + 1.0 / (sw - own_w))
         if prior != c.height_node:
             c.height_node = prior
             c.fit = None
