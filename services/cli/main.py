@@ -33,9 +33,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with NAME=VALUE pairs given after an option taken too.
+
+    argparse stops a positional list at the first option, so `replay DIR --policy learned a=1` would
+    leave `a=1` unrecognised; a command with NAME=VALUE positionals (`set`) gets them wherever they come.
+    """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        pairs = isinstance(getattr(args, "set", None), list) and all(
+            "=" in x and not x.startswith("-") for x in extra)
+        if not pairs:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.set = [*args.set, *extra]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     try:
         if args.command == "auth":
             return auth.run_command(args)

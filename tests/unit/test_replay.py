@@ -205,6 +205,14 @@ def test_a_record_of_a_policy_run_with_settings_replays_with_them(tmp_path, caps
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["agreement"] == 1.0
     assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s"]) == 2
     assert "expected NAME=VALUE" in capsys.readouterr().err
+    # NAME=VALUE after an option, as the command's own example has it.
+    assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s=0", "half_life_s=60",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["settings"] == {"half_life_s": 60.0}
+    # Anything else after an option is still refused, as argparse refuses it.
+    with pytest.raises(SystemExit) as e:
+        main(["experiment", "replay", str(tmp_path), "--json", "stray"])
+    assert e.value.code == 2 and "unrecognized arguments: stray" in capsys.readouterr().err
 
 
 def test_bad_settings_and_missing_records_are_clear_errors(run_dir, tmp_path):
