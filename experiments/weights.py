@@ -280,6 +280,12 @@ def _snapshot(members: Sequence[_Member]) -> _Snapshot:
                      {m.name: cgroupfs.throttling(m.group) for m in members})
 
 
+_INTERRUPTED = threading.Event()
+"""A SIGTERM came. Its KeyboardInterrupt can be lost: raised inside a callback Python ignores
+exceptions from (a fork's at-fork hooks, while a busy loop is being started), it is printed and
+dropped. The waits check this too."""
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt() -> Iterator[None]:
     """SIGTERM cleans up like Ctrl-C (only the main thread may set handlers)."""
@@ -288,13 +294,22 @@ def _sigterm_as_interrupt() -> Iterator[None]:
         return
 
     def handler(signum: int, frame: object) -> None:
+        _INTERRUPTED.set()
         raise KeyboardInterrupt
 
+    _INTERRUPTED.clear()
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+        _INTERRUPTED.clear()
+
+
+def _check_interrupted() -> None:
+    """Raise the interrupt a SIGTERM asked for, if it was lost on the way."""
+    if _INTERRUPTED.is_set():
+        raise KeyboardInterrupt
 
 
 def _kill_all_in(group: cgroupfs.Group) -> None:
@@ -368,6 +383,7 @@ def _sleep(members: Sequence[_Member], seconds: float, log: Callable[[str], None
     end = time.monotonic() + seconds
     next_note = time.monotonic() + 15
     while (now := time.monotonic()) < end:
+        _check_interrupted()
         for m in members:
             m.check_alive()
         if log and now >= next_note:
@@ -414,6 +430,7 @@ def _measure(opts: WeightsOptions, run: _Run, cores: float, quotas: list[float],
             f"{', '.join(f'{q:g}' for q in quotas)} cores; waiting for their first batch")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not all(m.batches for m in managed):
+            _check_interrupted()
             for m in managed:
                 m.check_alive()
             if time.monotonic() > deadline:

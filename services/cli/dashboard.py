@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,10 @@ def sources_from(args: argparse.Namespace) -> list[tuple[str, str]]:
     return out
 
 
-def _wait_forever(proc: subprocess.Popen[bytes]) -> None:
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[dict[str, bool]]:
+    """Ctrl-C and SIGTERM set the flag instead of killing the command, from before it announces
+    itself: whoever reads the announcement may stop it at once, and it must still clean up."""
     stop = {"now": False}
 
     def on_signal(*_: object) -> None:
@@ -75,11 +79,15 @@ def _wait_forever(proc: subprocess.Popen[bytes]) -> None:
 
     old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        while not stop["now"] and proc.poll() is None:
-            time.sleep(0.2)
+        yield stop
     finally:
         for sig, handler in old.items():
             signal.signal(sig, handler)
+
+
+def _wait_forever(proc: subprocess.Popen[bytes], stop: dict[str, bool]) -> None:
+    while not stop["now"] and proc.poll() is None:
+        time.sleep(0.2)
 
 
 def dashboard_creds(args: argparse.Namespace, sources: list[tuple[str, str]]) -> str | None:
@@ -108,39 +116,47 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     from dashboard.live import probe  # pandas and the bus: only for this command
 
-    try:
-        missing = [(label, u) for label, u in sources if probe(u) is not None]
-        if args.json:
-            emit_json(
-                {
-                    "url": url,
-                    "pid": proc.pid,
-                    "sources": [{"label": lb, "nats_url": u} for lb, u in sources],
-                    "unreachable": [u for _, u in missing],
-                    "runs": runs,
-                    "log": log_path,
-                }
+    with _stop_on_signals() as stop:
+        try:
+            return _announce_and_wait(args, proc, url, sources, runs, log_path, probe, stop)
+        finally:
+            launch.stop(proc)
+
+
+def _announce_and_wait(args: argparse.Namespace, proc: subprocess.Popen[bytes], url: str,
+                       sources: list[tuple[str, str]], runs: str, log_path: str, probe: Any,
+                       stop: dict[str, bool]) -> int:
+    """Say where the dashboard is (a line, or one JSON object), then wait for a signal or its end."""
+    missing = [(label, u) for label, u in sources if probe(u) is not None]
+    if args.json:
+        emit_json(
+            {
+                "url": url,
+                "pid": proc.pid,
+                "sources": [{"label": lb, "nats_url": u} for lb, u in sources],
+                "unreachable": [u for _, u in missing],
+                "runs": runs,
+                "log": log_path,
+            }
+        )
+    else:
+        print(f"DQoES dashboard at {url}", flush=True)
+        for label, u in sources:
+            state = (
+                "no cluster answers (the page shows recorded runs only and keeps trying)"
+                if (label, u) in missing
+                else "following"
             )
-        else:
-            print(f"DQoES dashboard at {url}", flush=True)
-            for label, u in sources:
-                state = (
-                    "no cluster answers (the page shows recorded runs only and keeps trying)"
-                    if (label, u) in missing
-                    else "following"
-                )
-                print(f"  {label:<8} {u}   {state}")
-            if not sources:
-                print("  no cluster: recorded runs only")
-            print(f"  recorded runs from {runs}/   log: {log_path}")
-            print("  Ctrl-C stops it.", flush=True)
-        _wait_forever(proc)
-        if proc.poll() is not None and proc.returncode not in (0, -signal.SIGTERM):
-            raise CliError(
-                f"the dashboard exited with status {proc.returncode}; its log: {log_path}"
-            )
-    finally:
-        launch.stop(proc)
+            print(f"  {label:<8} {u}   {state}")
+        if not sources:
+            print("  no cluster: recorded runs only")
+        print(f"  recorded runs from {runs}/   log: {log_path}")
+        print("  Ctrl-C stops it.", flush=True)
+    _wait_forever(proc, stop)
+    if proc.poll() is not None and proc.returncode not in (0, -signal.SIGTERM):
+        raise CliError(
+            f"the dashboard exited with status {proc.returncode}; its log: {log_path}"
+        )
     return 0
 
 
@@ -152,20 +168,23 @@ def cmd_record(args: argparse.Namespace) -> int:
     url = resolve_url(args.nats, args.creds)
     stop = asyncio.Event()
 
-    async def go() -> dict[str, Any]:
+    async def go(early: dict[str, bool]) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(sig, stop.set)
+        if early["now"]:  # stopped before the loop took the signals over
+            stop.set()
         return await record(url, args.out, duration_s=args.duration, stop=stop, label=args.label)
 
-    if not args.json:
-        until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
-        print(f"recording {auth.redact(url)} into {args.out} {until}", flush=True)
-    try:
-        result = asyncio.run(go())
-    except BusError as e:
-        raise CliError(f"{e} (is a deployment running? try `dqoes up`)") from None
+    with _stop_on_signals() as early:
+        if not args.json:
+            until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
+            print(f"recording {auth.redact(url)} into {args.out} {until}", flush=True)
+        try:
+            result = asyncio.run(go(early))
+        except BusError as e:
+            raise CliError(f"{e} (is a deployment running? try `dqoes up`)") from None
     if args.json:
         emit_json({**result, "out": str(args.out)})
     else:

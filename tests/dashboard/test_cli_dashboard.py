@@ -115,3 +115,15 @@ def test_up_starts_the_dashboard_prints_its_address_and_stops_it(tmp_path):
     assert "final (plateau of the last" in out
     assert health(url) is None
     assert (tmp_path / "run" / "dqoes" / "dashboard.log").exists()
+
+
+def test_a_sigterm_right_after_the_announcement_is_caught_not_fatal():
+    # The handlers go in before the dashboard says where it is: whoever reads that line may stop it at
+    # once (CI under load once got -15, the default action, from a SIGTERM sent just after it).
+    from services.cli.dashboard import _stop_on_signals
+
+    before = signal.getsignal(signal.SIGTERM)
+    with _stop_on_signals() as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop["now"]
+    assert signal.getsignal(signal.SIGTERM) == before
