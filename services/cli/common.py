@@ -7,8 +7,11 @@ they all need lives here, below them.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -126,3 +129,22 @@ async def connect(url: str, name: str) -> Bus:
         hint = ("wrong or missing credentials? (--creds, $DQOES_NATS_CREDS; docs/security.md)"
                 if "authorization" in str(e).lower() else "is a deployment running? try `dqoes up`")
         raise CliError(f"{e} ({hint})") from None
+
+
+@contextlib.contextmanager
+def signals_as_flag() -> Iterator[dict[str, bool]]:
+    """Ctrl-C and SIGTERM set `flag["now"]` instead of killing the command, from before it starts
+    anything or announces itself: whoever reads the announcement may stop it at once, and what it
+    started must still be stopped. An asyncio loop that takes the signals over later checks the flag
+    once it has (a signal may have come before)."""
+    flag = {"now": False}
+
+    def on_signal(*_: object) -> None:
+        flag["now"] = True
+
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)

@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,15 @@ import orjson
 
 from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR, parse_source
-from services.cli.common import CliError, add_nats_flags, emit_json, last_up, resolve_url, state_dir
+from services.cli.common import (
+    CliError,
+    add_nats_flags,
+    emit_json,
+    last_up,
+    resolve_url,
+    signals_as_flag,
+    state_dir,
+)
 from shared import auth
 from shared.bus import BusError
 from shared.settings import DEFAULT_NATS_URL
@@ -68,23 +75,6 @@ def sources_from(args: argparse.Namespace) -> list[tuple[str, str]]:
     return out
 
 
-@contextlib.contextmanager
-def _stop_on_signals() -> Iterator[dict[str, bool]]:
-    """Ctrl-C and SIGTERM set the flag instead of killing the command, from before it announces
-    itself: whoever reads the announcement may stop it at once, and it must still clean up."""
-    stop = {"now": False}
-
-    def on_signal(*_: object) -> None:
-        stop["now"] = True
-
-    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield stop
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
 def _wait_forever(proc: subprocess.Popen[bytes], stop: dict[str, bool]) -> None:
     while not stop["now"] and proc.poll() is None:
         time.sleep(0.2)
@@ -116,7 +106,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     from dashboard.live import probe  # pandas and the bus: only for this command
 
-    with _stop_on_signals() as stop:
+    with signals_as_flag() as stop:
         try:
             return _announce_and_wait(args, proc, url, sources, runs, log_path, probe, stop)
         finally:
@@ -177,7 +167,7 @@ def cmd_record(args: argparse.Namespace) -> int:
             stop.set()
         return await record(url, args.out, duration_s=args.duration, stop=stop, label=args.label)
 
-    with _stop_on_signals() as early:
+    with signals_as_flag() as early:
         if not args.json:
             until = f"for {args.duration:g} s" if args.duration else "until Ctrl-C"
             print(f"recording {auth.redact(url)} into {args.out} {until}", flush=True)

@@ -26,7 +26,7 @@ import orjson
 
 from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR
-from services.cli.common import CliError, connect, emit_json, state_dir
+from services.cli.common import CliError, connect, emit_json, signals_as_flag, state_dir
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
 from shared.aio import wait_event
@@ -174,70 +174,75 @@ def cmd_up(args: argparse.Namespace) -> int:
     ]
     stopped = False
     board: subprocess.Popen[bytes] | None = None
-    try:
-        start_at = time.time() + 2.0 + 0.5 * len(stacks) * (len(scenario.nodes) + 1)
-        for s in stacks:  # one scenario clock for both stacks of a twin run
-            s.start(start_at)
-        _write_state(stacks)
-        if not args.json:
-            print(f"data directory: {run_root} (objectives, credentials, logs; --fresh forgets objectives)")
-            print(f"DQoES up: scenario {scenario.name} ({len(scenario.containers)} containers on "
-                  f"{len(scenario.nodes)} node(s)), seed {args.seed}, time x{args.time_scale:g}")
-            for s in stacks:
-                print(f"  {s.name:<8} NATS {s.plain_url}   logs and JetStream data: {s.run_dir}")
-                _print_metrics(s)
-            u = stacks[0].plain_url
-            print(f"  try:  dqoes status --nats {u}   |   dqoes target set {scenario.containers[0].name} 30 --nats {u}")
-        if args.json:
-            for s in stacks:
-                _print_metrics(s, sys.stderr)
-        board = start_dashboard(stacks, args)
-        if not args.json:
-            print("  Ctrl-C stops everything.", flush=True)
-        until = scenario.duration_s if args.duration is None else args.duration
-        until = None if args.forever else until
-        stop = asyncio.Event()
+    # Signals are a flag from before the stacks start: one that came while they were starting
+    # still stops every process they started.
+    with signals_as_flag() as early:
+        try:
+            start_at = time.time() + 2.0 + 0.5 * len(stacks) * (len(scenario.nodes) + 1)
+            for s in stacks:  # one scenario clock for both stacks of a twin run
+                s.start(start_at)
+            _write_state(stacks)
+            if not args.json:
+                print(f"data directory: {run_root} (objectives, credentials, logs; --fresh forgets objectives)")
+                print(f"DQoES up: scenario {scenario.name} ({len(scenario.containers)} containers on "
+                      f"{len(scenario.nodes)} node(s)), seed {args.seed}, time x{args.time_scale:g}")
+                for s in stacks:
+                    print(f"  {s.name:<8} NATS {s.plain_url}   logs and JetStream data: {s.run_dir}")
+                    _print_metrics(s)
+                u = stacks[0].plain_url
+                print(f"  try:  dqoes status --nats {u}   |   dqoes target set {scenario.containers[0].name} 30 --nats {u}")
+            if args.json:
+                for s in stacks:
+                    _print_metrics(s, sys.stderr)
+            board = start_dashboard(stacks, args)
+            if not args.json:
+                print("  Ctrl-C stops everything.", flush=True)
+            until = scenario.duration_s if args.duration is None else args.duration
+            until = None if args.forever else until
+            stop = asyncio.Event()
 
-        async def main() -> list[Observed]:
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                with contextlib.suppress(NotImplementedError):
-                    loop.add_signal_handler(sig, stop.set)
-            return await observe(stacks, until, quiet=args.json, stop=stop)
+            async def main() -> list[Observed]:
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    with contextlib.suppress(NotImplementedError):
+                        loop.add_signal_handler(sig, stop.set)
+                if early["now"]:  # stopped while the stacks were starting
+                    stop.set()
+                return await observe(stacks, until, quiet=args.json, stop=stop)
 
-        obs = asyncio.run(main())
-        stopped = stop.is_set()
-        end = min(stacks[0].scenario_time_s(), until or stacks[0].scenario_time_s())
-        result = {"scenario": scenario.name, "seed": args.seed, "time_scale": args.time_scale,
-                  "containers": len(scenario.containers), "nodes": len(scenario.nodes),
-                  "scenario_time_s": round(end, 1), "interrupted": stopped,
-                  "policies": {o.stack.name: o.summary(end) for o in obs},
-                  "metrics": {o.stack.name: o.stack.metrics_urls for o in obs}}
-        if len(obs) == 2:
-            d, b = (result["policies"][p]["satisfied_final"] for p in ("dqoes", "default"))
-            result["ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
-            d, b = (result["policies"][p]["met_final"] for p in ("dqoes", "default"))
-            result["met_ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
-        if args.json:
-            emit_json(result)
-        else:
-            print(f"final (plateau of the last {obs[0].summary(end)['final_window_s']:.0f} s of scenario time):")
-            for name, r in result["policies"].items():
-                per = "  ".join(f"{k}: {v}" for k, v in r["satisfied_per_node"].items())
-                print(f"  {name:<8} met {r['met_final']:>3}   in band {r['satisfied_final']:>3} ({per})   "
-                      f"CPU spent {r['cpu_cores_final']:.1f} of {r['cores_total']:g} cores")
+            obs = asyncio.run(main())
+            stopped = stop.is_set()
+            end = min(stacks[0].scenario_time_s(), until or stacks[0].scenario_time_s())
+            result = {"scenario": scenario.name, "seed": args.seed, "time_scale": args.time_scale,
+                      "containers": len(scenario.containers), "nodes": len(scenario.nodes),
+                      "scenario_time_s": round(end, 1), "interrupted": stopped,
+                      "policies": {o.stack.name: o.summary(end) for o in obs},
+                      "metrics": {o.stack.name: o.stack.metrics_urls for o in obs}}
             if len(obs) == 2:
-                print("  DQoES / default Swarm: " + ", ".join(
-                    f"{what} {_ratio(*(result['policies'][p][key] for p in ('dqoes', 'default')))}"
-                    for what, key in (("met", "met_final"), ("in band", "satisfied_final"))))
-        return 0
-    finally:
-        if board is not None:
-            launch.stop(board)
-        for s in stacks:
-            s.stop()
-        with contextlib.suppress(OSError):
-            (state_dir() / "up.json").unlink()
+                d, b = (result["policies"][p]["satisfied_final"] for p in ("dqoes", "default"))
+                result["ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
+                d, b = (result["policies"][p]["met_final"] for p in ("dqoes", "default"))
+                result["met_ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
+            if args.json:
+                emit_json(result)
+            else:
+                print(f"final (plateau of the last {obs[0].summary(end)['final_window_s']:.0f} s of scenario time):")
+                for name, r in result["policies"].items():
+                    per = "  ".join(f"{k}: {v}" for k, v in r["satisfied_per_node"].items())
+                    print(f"  {name:<8} met {r['met_final']:>3}   in band {r['satisfied_final']:>3} ({per})   "
+                          f"CPU spent {r['cpu_cores_final']:.1f} of {r['cores_total']:g} cores")
+                if len(obs) == 2:
+                    print("  DQoES / default Swarm: " + ", ".join(
+                        f"{what} {_ratio(*(result['policies'][p][key] for p in ('dqoes', 'default')))}"
+                        for what, key in (("met", "met_final"), ("in band", "satisfied_final"))))
+            return 0
+        finally:
+            if board is not None:
+                launch.stop(board)
+            for s in stacks:
+                s.stop()
+            with contextlib.suppress(OSError):
+                (state_dir() / "up.json").unlink()
 
 
 def _ratio(a: int, b: int) -> str:

@@ -120,10 +120,10 @@ def test_up_starts_the_dashboard_prints_its_address_and_stops_it(tmp_path):
 def test_a_sigterm_right_after_the_announcement_is_caught_not_fatal():
     # The handlers go in before the dashboard says where it is: whoever reads that line may stop it at
     # once (CI under load once got -15, the default action, from a SIGTERM sent just after it).
-    from services.cli.dashboard import _stop_on_signals
+    from services.cli.common import signals_as_flag
 
     before = signal.getsignal(signal.SIGTERM)
-    with _stop_on_signals() as stop:
+    with signals_as_flag() as stop:
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop["now"]
     assert signal.getsignal(signal.SIGTERM) == before

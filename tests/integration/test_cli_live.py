@@ -131,3 +131,42 @@ def test_the_readme_shows_what_dqoes_up_prints(tmp_path):
             assert s.split(", in band")[0] in {f.split(", in band")[0] for f in final}, line
         else:
             assert s in final, line
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def test_a_sigterm_while_the_stacks_start_stops_everything_they_started(tmp_path):
+    # Stopped as soon as its first child (the NATS server) runs, before it has announced anything:
+    # the signal must not kill it outright and leave that child behind.
+    import signal
+
+    e = {**os.environ, "PYTHONPATH": str(REPO), "DQOES_STATE_DIR": str(tmp_path / "dqoes-state")}
+    e.pop("DQOES_NATS_URL", None)
+    proc = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--scenario", "paper-varied",
+                             "--time-scale", "60", "--duration", "600", "--json", "--no-dashboard",
+                             "--run-dir", str(tmp_path / "run")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=e)
+    try:
+        deadline = time.monotonic() + 60
+        while not (children := _children(proc.pid)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-2000:]
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-2000:]
+    assert last_json(out)["interrupted"] is True
+    time.sleep(0.5)
+    assert not [c for c in children if Path(f"/proc/{c}").exists()], children
