@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from shared.core.classification import classify_views
@@ -878,18 +878,13 @@ def _pool_slopes(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | No
         f = own[name]
         if f is not None and math.sqrt(f[4]) <= POOL_PINNED * c.k_sd:
             pinned[name] = (f[1], f[4])
-    tau2 = _between_variance(list(pinned.values())) if len(pinned) >= 2 else 0.0
-    # Sums over every pinned slope, each curve's own taken out again: one pass, however many.
-    weights = {n: 1.0 / (max(v, 1e-12) + tau2) for n, (_, v) in pinned.items()}
-    sw = sum(weights.values())
-    swk = sum(weights[n] * k for n, (k, _) in pinned.items())
+    tau2 = (_between_variance([list(pinned.values())]) or 0.0) if len(pinned) >= 2 else 0.0
+    others_of = _leave_one_out(pinned, tau2)
     for name, c in curves.items():
-        own_w, own_wk = (weights[name], weights[name] * pinned[name][0]) if name in pinned else (0.0, 0.0)
-        others = len(pinned) - (name in pinned)
+        pooled = others_of(name)
         prior = None
-        if others >= POOL_MIN:
-            w = sw - own_w
-            prior = ((swk - own_wk) / w, math.sqrt(tau2 + 1.0 / w))
+        if pooled is not None and pooled[2] >= POOL_MIN:
+            prior = (pooled[0], math.sqrt(tau2 + pooled[1]))
         if prior != c.k_node:
             c.k_node = prior
             c.fit = None
@@ -937,25 +932,17 @@ def _pool_heights(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | N
             if pred is not None:
                 heights[n] = (pred[0], max(pred[1] ** 2, 1e-12))
         groups[workload] = heights
-    tau2 = _between_variance_grouped([list(h.values()) for h in groups.values() if len(h) >= 2])
+    tau2 = _between_variance([list(h.values()) for h in groups.values() if len(h) >= 2])
     if tau2 is None:
         tau2 = HEIGHT_SPREAD_UNKNOWN**2
     tau2 = max(tau2, HEIGHT_SPREAD_MIN**2)
-    # Sums over each group, each curve's own taken out again below: one pass, however many replicas.
-    sums = {}
-    for key, heights in groups.items():
-        w = {n: 1.0 / (v + tau2) for n, (_, v) in heights.items()}
-        sums[key] = (w, sum(w.values()), sum(w[n] * m for n, (m, _) in heights.items()), len(heights))
+    others_in = {key: _leave_one_out(heights, tau2) for key, heights in groups.items()}
     for name, c in curves.items():
         prior = None
         key = None if c.solo else _group_of(c.workload, groups)
-        if key is not None:
-            w, sw, swm, count = sums[key]
-            mine = name in w
-            if count - mine > 0:
-                own_w = w[name] if mine else 0.0
-                own_wm = own_w * groups[key][name][0] if mine else 0.0
-                prior = (at[key], (swm - own_wm) / (sw - own_w), tau2 + 1.0 / (sw - own_w))
+        pooled = others_in[key](name) if key is not None else None
+        if pooled is not None:
+            prior = (at[key], pooled[0], tau2 + pooled[1])
         if prior != c.height_node:
             c.height_node = prior
             c.fit = None
@@ -972,12 +959,13 @@ def _group_of(workload: str | None, groups: dict[str, dict[str, tuple[float, flo
     return same[0] if len(same) == 1 else None
 
 
-def _between_variance_grouped(groups: Sequence[Sequence[tuple[float, float]]]) -> float | None:
-    """The DerSimonian-Laird spread between members, pooled over groups (each with its own mean):
-    what the estimates spread about their group's mean beyond their own variances. None: no group of two."""
+def _between_variance(groups: Sequence[Sequence[tuple[float, float]]]) -> float | None:
+    """The variance of the true values between members, from (estimate, variance) pairs in groups, each
+    group about its own mean: the DerSimonian-Laird moment estimate (what the estimates spread beyond
+    their own variances), pooled over the groups. None: no group of two."""
     q = df = c = 0.0
     for est in groups:
-        w = [1.0 / v for _, v in est]
+        w = [1.0 / max(v, 1e-12) for _, v in est]
         sw = sum(w)
         mean = sum(wi * m for wi, (m, _) in zip(w, est, strict=True)) / sw
         q += sum(wi * (m - mean) ** 2 for wi, (m, _) in zip(w, est, strict=True))
@@ -988,15 +976,24 @@ def _between_variance_grouped(groups: Sequence[Sequence[tuple[float, float]]]) -
     return max(0.0, (q - df) / c) if c > 0 else 0.0
 
 
-def _between_variance(slopes: Sequence[tuple[float, float]]) -> float:
-    """The variance of the true slopes between containers, from (estimate, variance) pairs: the
-    DerSimonian-Laird moment estimate (what the estimates spread beyond their own variances)."""
-    w = [1.0 / max(v, 1e-12) for _, v in slopes]
-    sw = sum(w)
-    fixed = sum(wi * k for wi, (k, _) in zip(w, slopes, strict=True)) / sw
-    q = sum(wi * (k - fixed) ** 2 for wi, (k, _) in zip(w, slopes, strict=True))
-    c = sw - sum(wi * wi for wi in w) / sw
-    return max(0.0, (q - (len(slopes) - 1)) / c) if c > 0 else 0.0
+def _leave_one_out(est: dict[str, tuple[float, float]],
+                   tau2: float) -> Callable[[str], tuple[float, float, int] | None]:
+    """For any curve: the random-effects mean of the (estimate, variance) pairs of `est` other than its
+    own (each weighted by 1 / (variance + tau2)), that mean's variance, and how many others there are;
+    None when there are none. The sums are taken once and each curve's own taken out again."""
+    w = {n: 1.0 / (max(v, 1e-12) + tau2) for n, (_, v) in est.items()}
+    sw = sum(w.values())
+    swm = sum(w[n] * m for n, (m, _) in est.items())
+
+    def others(name: str) -> tuple[float, float, int] | None:
+        count = len(est) - (name in est)
+        if count == 0:
+            return None
+        own_w, own_wm = (w[name], w[name] * est[name][0]) if name in est else (0.0, 0.0)
+        rest = sw - own_w
+        return (swm - own_wm) / rest, 1.0 / rest, count
+
+    return others
 
 
 def _release(curve: Curve, decay: tuple[float, float]) -> None:

@@ -52,11 +52,11 @@ def own_slope(c: Curve) -> tuple[float, float]:
 
 
 def test_slopes_that_agree_have_no_spread_and_those_that_disagree_have_theirs():
-    assert _between_variance([(1.0, 0.01)] * 4) == 0.0
+    assert _between_variance([[(1.0, 0.01)] * 4]) == 0.0
     slopes = [(0.7, 0.001), (1.0, 0.001), (1.3, 0.001), (1.6, 0.001)]
     spread2 = sum((k - 1.15) ** 2 for k, _ in slopes) / 3
     # What the estimates spread beyond their own variance.
-    assert _between_variance(slopes) == pytest.approx(spread2 - 0.001, rel=1e-6)
+    assert _between_variance([slopes]) == pytest.approx(spread2 - 0.001, rel=1e-6)
 
 
 def test_each_prior_is_the_pool_of_the_others_with_everyones_spread():
@@ -64,7 +64,7 @@ def test_each_prior_is_the_pool_of_the_others_with_everyones_spread():
     curves["new"] = seen(1.0, (1.0,), rounds=2)
     _pool_slopes(curves)
     pinned = {n: own_slope(curves[n]) for n in curves if n != "new"}
-    tau2 = _between_variance(list(pinned.values()))
+    tau2 = _between_variance([list(pinned.values())])
     assert tau2 > 0
     assert curves["new"].k_node == pytest.approx(pooled(list(pinned.values()), tau2), rel=1e-9)
     for name in pinned:
