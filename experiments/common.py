@@ -1,10 +1,14 @@
-"""What every experiment shares: its error type and the generated sections of docs/."""
+"""What every experiment shares: its error type, SIGTERM as an interrupt, and the generated sections
+of docs/."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import signal
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,3 +65,37 @@ def busy_cores_s() -> float:
     ticks = [int(x) for x in fields]
     idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+INTERRUPTED = threading.Event()
+"""A SIGTERM came. Its KeyboardInterrupt can be lost: raised inside a callback Python ignores
+exceptions from (a fork's at-fork hooks, while a process is being started), it is printed and
+dropped. Long waits call `check_interrupted` too."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM (a supervisor, `kill`, a test's timeout) cleans up as Ctrl-C does: it raises
+    KeyboardInterrupt, where the default action would kill the process and leave what it started
+    running. Only the main thread may set handlers; elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        INTERRUPTED.set()
+        raise KeyboardInterrupt
+
+    INTERRUPTED.clear()
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        INTERRUPTED.clear()
+
+
+def check_interrupted() -> None:
+    """Raise the interrupt a SIGTERM asked for, if it was lost on the way."""
+    if INTERRUPTED.is_set():
+        raise KeyboardInterrupt

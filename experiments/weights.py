@@ -51,14 +51,20 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 from experiments import common
 from experiments.calibrate import ARCHITECTURE, NATIVE_PX, REPO, parse_models
-from experiments.common import ExperimentError, busy_cores_s, update_section
+from experiments.common import (
+    ExperimentError,
+    busy_cores_s,
+    check_interrupted,
+    sigterm_as_interrupt,
+    update_section,
+)
 from shared.runtime import cgroupfs
 
 BEGIN = "<!-- BEGIN generated: dqoes experiment weights -->"
@@ -280,38 +286,6 @@ def _snapshot(members: Sequence[_Member]) -> _Snapshot:
                      {m.name: cgroupfs.throttling(m.group) for m in members})
 
 
-_INTERRUPTED = threading.Event()
-"""A SIGTERM came. Its KeyboardInterrupt can be lost: raised inside a callback Python ignores
-exceptions from (a fork's at-fork hooks, while a busy loop is being started), it is printed and
-dropped. The waits check this too."""
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM cleans up like Ctrl-C (only the main thread may set handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        _INTERRUPTED.set()
-        raise KeyboardInterrupt
-
-    _INTERRUPTED.clear()
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        _INTERRUPTED.clear()
-
-
-def _check_interrupted() -> None:
-    """Raise the interrupt a SIGTERM asked for, if it was lost on the way."""
-    if _INTERRUPTED.is_set():
-        raise KeyboardInterrupt
-
-
 def _kill_all_in(group: cgroupfs.Group) -> None:
     """Kill whatever is left in one of our groups (a child forked just as Ctrl-C came, before Popen returned)."""
     try:
@@ -383,7 +357,7 @@ def _sleep(members: Sequence[_Member], seconds: float, log: Callable[[str], None
     end = time.monotonic() + seconds
     next_note = time.monotonic() + 15
     while (now := time.monotonic()) < end:
-        _check_interrupted()
+        check_interrupted()
         for m in members:
             m.check_alive()
         if log and now >= next_note:
@@ -397,7 +371,7 @@ def measure(opts: WeightsOptions, log: Callable[[str], None]) -> dict[str, Any]:
     cores, quotas, conditions = validate(opts)
     root = Path(opts.cgroup_root)
     run = _Run(root, log)
-    with _sigterm_as_interrupt():
+    with sigterm_as_interrupt():
         run.open()
         try:
             return _measure(opts, run, cores, quotas, conditions, log)
@@ -430,7 +404,7 @@ def _measure(opts: WeightsOptions, run: _Run, cores: float, quotas: list[float],
             f"{', '.join(f'{q:g}' for q in quotas)} cores; waiting for their first batch")
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while not all(m.batches for m in managed):
-            _check_interrupted()
+            check_interrupted()
             for m in managed:
                 m.check_alive()
             if time.monotonic() > deadline:

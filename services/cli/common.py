@@ -7,6 +7,7 @@ they all need lives here, below them.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -129,6 +130,18 @@ async def connect(url: str, name: str) -> Bus:
         hint = ("wrong or missing credentials? (--creds, $DQOES_NATS_CREDS; docs/security.md)"
                 if "authorization" in str(e).lower() else "is a deployment running? try `dqoes up`")
         raise CliError(f"{e} ({hint})") from None
+
+
+def set_on_signals(stop: asyncio.Event, early: dict[str, bool] | None = None) -> asyncio.Event:
+    """From inside a running loop: Ctrl-C and SIGTERM set `stop` (and the loop keeps running to let
+    the command close what it opened). `early`, from `signals_as_flag`, says a signal came before."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    if early is not None and early["now"]:
+        stop.set()
+    return stop
 
 
 @contextlib.contextmanager

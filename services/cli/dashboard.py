@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import signal
 import subprocess
@@ -32,6 +31,7 @@ from services.cli.common import (
     emit_json,
     last_up,
     resolve_url,
+    set_on_signals,
     signals_as_flag,
     state_dir,
 )
@@ -159,12 +159,7 @@ def cmd_record(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
 
     async def go(early: dict[str, bool]) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(sig, stop.set)
-        if early["now"]:  # stopped before the loop took the signals over
-            stop.set()
+        set_on_signals(stop, early)  # early: stopped before the loop took the signals over
         return await record(url, args.out, duration_s=args.duration, stop=stop, label=args.label)
 
     with signals_as_flag() as early:

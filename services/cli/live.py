@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +25,14 @@ import orjson
 
 from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR
-from services.cli.common import CliError, connect, emit_json, signals_as_flag, state_dir
+from services.cli.common import (
+    CliError,
+    connect,
+    emit_json,
+    set_on_signals,
+    signals_as_flag,
+    state_dir,
+)
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
 from shared.aio import wait_event
@@ -202,12 +208,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             stop = asyncio.Event()
 
             async def main() -> list[Observed]:
-                loop = asyncio.get_running_loop()
-                for sig in (signal.SIGINT, signal.SIGTERM):
-                    with contextlib.suppress(NotImplementedError):
-                        loop.add_signal_handler(sig, stop.set)
-                if early["now"]:  # stopped while the stacks were starting
-                    stop.set()
+                set_on_signals(stop, early)  # early: stopped while the stacks were starting
                 return await observe(stacks, until, quiet=args.json, stop=stop)
 
             obs = asyncio.run(main())

@@ -8,11 +8,9 @@ and exit status 2, never a traceback.
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
-import threading
 
-from experiments.common import ExperimentError
+from experiments.common import ExperimentError, sigterm_as_interrupt
 from services.cli import calibrate, experiment, live, operate
 from services.cli import dashboard as dashboard_cli
 from services.cli.common import CliError
@@ -52,30 +50,21 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _sigterm_is_an_interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    # SIGTERM (a supervisor, `kill`, a test's timeout) cleans up as Ctrl-C does: the experiments stop
-    # what they started on KeyboardInterrupt, and the default action would leave it all running.
+    # SIGTERM cleans up as Ctrl-C does: the experiments stop what they started on KeyboardInterrupt.
     # Commands that follow signals themselves (up, dashboard, record) set their own while they run.
-    main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, _sigterm_is_an_interrupt) if main_thread else None
     try:
-        if args.command == "auth":
-            return auth.run_command(args)
-        return int(args.func(args) or 0)
+        with sigterm_as_interrupt():
+            if args.command == "auth":
+                return auth.run_command(args)
+            return int(args.func(args) or 0)
     except (ScenarioError, CliError, ExperimentError, auth.AuthError) as e:
         print(f"dqoes: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dqoes: interrupted", file=sys.stderr)
         return 130
-    finally:
-        if main_thread:
-            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -15,14 +15,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import signal
 import sys
 import time
 from typing import Any
 
 import orjson
 
-from services.cli.common import CliError, connect, emit_json, parse_assignments, resolve_url
+from services.cli.common import (
+    CliError,
+    connect,
+    emit_json,
+    parse_assignments,
+    resolve_url,
+    set_on_signals,
+)
 from shared import auth, subjects
 from shared.bus import Bus, BusError, NoResponders, RequestTimeout
 from shared.core import registry
@@ -149,7 +155,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     async def go() -> None:
         bus = await connect(resolve_url(args.nats, args.creds), "dqoes-status")
-        stop = _stop_on_signals()
+        stop = set_on_signals(asyncio.Event())
         shown = 0
         try:
             while True:
@@ -175,15 +181,6 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     asyncio.run(go())
     return 0
-
-
-def _stop_on_signals() -> asyncio.Event:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 # -- target set | get | list | clear ---------------------------------------------------------
@@ -388,7 +385,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     async def go() -> None:
         bus = await connect(resolve_url(args.nats, args.creds), "dqoes-watch")
-        stop = _stop_on_signals()
+        stop = set_on_signals(asyncio.Event())
         last = [0.0]
         shown = [0]
 

@@ -113,7 +113,9 @@ def test_a_sigterm_whose_interrupt_was_lost_still_ends_the_wait():
     import threading
     import time
 
-    with weights._sigterm_as_interrupt():
+    from experiments.common import INTERRUPTED, sigterm_as_interrupt
+
+    with sigterm_as_interrupt():
         handler = signal.getsignal(signal.SIGTERM)
         assert callable(handler)
         with pytest.raises(KeyboardInterrupt):
@@ -122,5 +124,5 @@ def test_a_sigterm_whose_interrupt_was_lost_still_ends_the_wait():
         with pytest.raises(KeyboardInterrupt):
             weights._sleep([], 30.0)
         assert time.monotonic() - t0 < 1.0
-    assert not weights._INTERRUPTED.is_set()  # the next run starts clean
+    assert not INTERRUPTED.is_set()  # the next run starts clean
     assert threading.current_thread() is threading.main_thread()
