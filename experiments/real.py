@@ -42,6 +42,7 @@ import pandas as pd
 from experiments.common import (
     ExperimentError,
     busy_cores_s,
+    check_interrupted,
     read_record,
     record_stem,
     update_section,
@@ -187,6 +188,7 @@ class RealRun:
         with (self.run_dir / f"{what}.log").open("ab") as log:
             self.procs[what] = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
                                                 env=env, start_new_session=True)
+        check_interrupted()  # a SIGTERM during the fork is dropped there
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -232,6 +234,7 @@ class RealRun:
                     "-e", "DQOES_THREADS=1",
                     "--entrypoint", "python", self.image, "-m", "services.inference")
             self.started.append(name)
+            check_interrupted()
         self.t0 = time.time()
 
     def groups(self) -> dict[str, cgroupfs.Group]:
@@ -243,6 +246,7 @@ class RealRun:
                     if cgroupfs.exists(g):
                         out[name] = g
                         break
+                    check_interrupted()
                     time.sleep(0.1)
             return out
         for name in self.started:
@@ -291,6 +295,7 @@ class RealRun:
                 dead = {k: p.returncode for k, p in self.procs.items() if p.poll() is not None}
                 if dead:
                     raise ExperimentError(f"{', '.join(dead)} exited (logs in {self.run_dir})")
+                check_interrupted()
                 await asyncio.sleep(min(every_s, max(0.1, duration_s - (now - self.t0))))
                 now = time.time()
                 busy = busy_cores_s()

@@ -243,3 +243,22 @@ def test_the_oracle_again_with_the_work_per_batch_each_run_measured(tmp_path, ca
     assert main(["experiment", "real", "--from", str(src), "--records", str(rec)]) == 0
     assert f"learned: resnet50 {0.5 * work:.3g} s (profile {work:.3g}); bound 2 / " in capsys.readouterr().out
     assert json.loads(src.read_text()) == d  # reading back changes no file
+
+
+def test_a_sigterm_dropped_while_a_process_starts_still_stops_the_run(tmp_path):
+    """A SIGTERM's KeyboardInterrupt raised in a fork's hooks is printed and dropped; the flag it set
+    stops the run right after the start, with the process recorded so that `stop` ends it."""
+    from experiments.common import INTERRUPTED
+
+    run = realexp.RealRun("n1", "default", [], cores=1.0, image="", batch=1, resolution_px=32,
+                          run_dir=tmp_path, runtime="cgroup")
+    INTERRUPTED.set()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run._spawn("manager", ["-c", "import time; time.sleep(60)"], "manager")
+    finally:
+        INTERRUPTED.clear()
+    proc = run.procs["manager"]
+    assert proc.poll() is None
+    run.stop()
+    assert proc.poll() is not None and "manager" not in run.procs
