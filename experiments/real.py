@@ -473,6 +473,32 @@ def measured_work(d: dict[str, Any], rows: Sequence[dict[str, Any]]) -> dict[str
     return {m: round(statistics.median(v), 4) for m, v in sorted(seen.items())}
 
 
+PROFILE_OFF = 0.25
+"""A model's work per batch measured by a run more than this far (relative) from its profile's is
+reported: the objectives and the forecast came from a profile that does not hold on this machine."""
+
+
+def profiles_off(d: dict[str, Any]) -> list[str]:
+    """Per model whose measured work per batch (any policy's run) is off its profile's by more than
+    PROFILE_OFF: "model measured X-Y CPU-s a batch, its profile Z"; empty where none is or nothing was
+    measured."""
+    seen: dict[str, list[float]] = {}
+    profile: dict[str, float] = {}
+    for r in d.get("real", {}).values():
+        mw = r.get("oracle_measured_work") or {}
+        for m, w in (mw.get("work_cpu_s") or {}).items():
+            ref = (mw.get("profile_work_cpu_s") or {}).get(m)
+            if isinstance(ref, int | float) and ref > 0:
+                seen.setdefault(m, []).append(float(w))
+                profile[m] = float(ref)
+    out = []
+    for m, ws in sorted(seen.items()):
+        if any(abs(w / profile[m] - 1) > PROFILE_OFF for w in ws):
+            span = f"{min(ws):.3g}" if min(ws) == max(ws) else f"{min(ws):.3g}-{max(ws):.3g}"
+            out.append(f"{m} measured {span} CPU-s a batch, its profile {profile[m]:.3g}")
+    return out
+
+
 def oracle_with_work(d: dict[str, Any], profiles: dict[str, ModelProfile], work: dict[str, float],
                      sd: float | None, alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:
     """The oracle on the run's node with each model's work per batch as `work` (a run's measure): its
@@ -611,6 +637,11 @@ def render_markdown(d: dict[str, Any], plot_rel: str | None, begin: str = BEGIN,
             parts.append(f"{p}: {works}; bound {mw['met']} / {mw['in_band']}{noisy}")
         lines.append("The oracle again, with the work per batch each run measured (the median CPU-seconds of a "
                      "batch, warm-ups left out) in place of the profiles', met / in band: " + "; ".join(parts) + ".")
+        lines.append("")
+    if off := profiles_off(d):
+        lines.append(f"The profiles do not hold on this machine ({'; '.join(off)}): the objectives and the "
+                     "simulator's forecast came from them. `dqoes calibrate` measures them again "
+                     "(docs/calibration.md).")
         lines.append("")
     lines.append("Final CPU split (cores, mean over the final window; real from each workload's cgroup, "
                  "simulated from the model):")
@@ -881,6 +912,8 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
         "sim": sim,
     }
     add_noise_bounds(d, records, profiles)
+    for line in profiles_off(d):
+        _log(f"warning: {line}, off by more than {PROFILE_OFF:.0%}; `dqoes calibrate` measures it again")
     (out_dir / "summary.json").write_text(json.dumps(d, indent=1))
     _log(f"summary written to {out_dir / 'summary.json'}")
     return d

@@ -96,6 +96,11 @@ def test_real_experiment_renders_a_summary(tmp_path, capsys):
     # this record has no met series, so that mean is not made up.
     assert "| dqoes | 2 | 1 | 1.00 | - / 1.0 |" in text
     ET.fromstring((tmp_path / "r.svg").read_text())
+    assert "do not hold on this machine" not in text
+    # A run whose batches cost half again the profile's work: the section says the profile is off.
+    work = profiles["resnet50"].work_cpu_s * 1.5
+    d["real"]["dqoes"]["oracle_measured_work"] = realexp.oracle_with_work(d, profiles, {"resnet50": work}, None)
+    assert f"resnet50 measured {work:.3g} CPU-s a batch" in realexp.render_markdown(d, None)
 
 
 def test_real_counts_come_from_each_samples_latest_batch_not_the_last_round():
@@ -262,3 +267,18 @@ def test_a_sigterm_dropped_while_a_process_starts_still_stops_the_run(tmp_path):
     assert proc.poll() is None
     run.stop()
     assert proc.poll() is not None and "manager" not in run.procs
+
+
+def test_a_profile_that_does_not_hold_on_this_machine_is_reported():
+    """Work per batch measured 1.5x the profile's: the summary says so; within a quarter it does not."""
+    def summary(*works):
+        return {"real": {f"p{i}": {"oracle_measured_work": {"work_cpu_s": {"resnet50": w, "mobilenetv2": 0.21},
+                                                             "profile_work_cpu_s": {"resnet50": 1.16,
+                                                                                    "mobilenetv2": 0.201}}}
+                         for i, w in enumerate(works)}}
+
+    assert realexp.profiles_off(summary(1.2, 1.0)) == []
+    assert realexp.profiles_off(summary(1.71, 1.77)) == [
+        "resnet50 measured 1.71-1.77 CPU-s a batch, its profile 1.16"]
+    assert realexp.profiles_off(summary(1.2, 0.8)) == ["resnet50 measured 0.8-1.2 CPU-s a batch, its profile 1.16"]
+    assert realexp.profiles_off({"real": {"p": {}}}) == []
