@@ -751,31 +751,44 @@ class RealResult:
 
 def run(opts: RealOptions) -> RealResult:
     """Run (or read back) the experiment; write the plot and the docs section `opts` asks for."""
+    begin, end = markers(opts.section)
+    rel = None
+    if opts.plot and opts.update:
+        rel = os.path.relpath(Path(opts.plot).resolve(), Path(opts.update).resolve().parent)
     if opts.from_file:
-        try:
-            d = json.loads(Path(opts.from_file).read_text())
-        except (OSError, ValueError) as e:
-            raise ExperimentError(f"--from {opts.from_file}: {e}") from None
-        if opts.records:
-            add_noise_bounds(d, read_records(opts.records, list(d["real"])), profiles_named(d["profiles"]))
+        d, figure, md = _read_back(opts, rel, begin, end)
     elif opts.records:
         raise ExperimentError("--records: only with --from (a run records its own)")
     else:
         d = run_experiment(opts)
-    if opts.plot:
+        figure = real_figure(d) if opts.plot else None
+        md = render_markdown(d, rel, begin, end)
+    if figure is not None:
         from dashboard import render
 
-        render.save(real_figure(d), opts.plot)
+        render.save(figure, opts.plot)
         _log(f"plot written to {opts.plot}")
-    rel = None
-    if opts.plot and opts.update:
-        rel = os.path.relpath(Path(opts.plot).resolve(), Path(opts.update).resolve().parent)
-    begin, end = markers(opts.section)
-    md = render_markdown(d, rel, begin, end)
     if opts.update:
         update_section(Path(opts.update), md, begin, end)
         _log(f"section updated in {opts.update}")
     return RealResult(d, md)
+
+
+def _read_back(opts: RealOptions, rel: str | None, begin: str, end: str) -> tuple[dict[str, Any], Any, str]:
+    """A summary written earlier, completed from its records where asked, with its figure and section;
+    a file that is not such a summary is an ExperimentError, before anything is written."""
+    try:
+        d = json.loads(Path(opts.from_file).read_text())
+    except (OSError, ValueError) as e:
+        raise ExperimentError(f"--from {opts.from_file}: {e}") from None
+    try:
+        if opts.records:
+            add_noise_bounds(d, read_records(opts.records, list(d["real"])), profiles_named(d["profiles"]))
+        d["profiles_off"] = profiles_off(d)  # records from before it was kept
+        return d, real_figure(d) if opts.plot else None, render_markdown(d, rel, begin, end)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        raise ExperimentError(f"--from {opts.from_file}: not a summary `dqoes experiment real` writes "
+                              f"({type(e).__name__}: {e})") from None
 
 
 def markers(section: str) -> tuple[str, str]:
@@ -912,7 +925,8 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
         "sim": sim,
     }
     add_noise_bounds(d, records, profiles)
-    for line in profiles_off(d):
+    d["profiles_off"] = profiles_off(d)
+    for line in d["profiles_off"]:
         _log(f"warning: {line}, off by more than {PROFILE_OFF:.0%}; `dqoes calibrate` measures it again")
     (out_dir / "summary.json").write_text(json.dumps(d, indent=1))
     _log(f"summary written to {out_dir / 'summary.json'}")

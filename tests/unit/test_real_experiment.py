@@ -282,3 +282,15 @@ def test_a_profile_that_does_not_hold_on_this_machine_is_reported():
         "resnet50 measured 1.71-1.77 CPU-s a batch, its profile 1.16"]
     assert realexp.profiles_off(summary(1.2, 0.8)) == ["resnet50 measured 0.8-1.2 CPU-s a batch, its profile 1.16"]
     assert realexp.profiles_off({"real": {"p": {}}}) == []
+
+
+@pytest.mark.parametrize("content", ["[]", '{"real": 3}', '{"real": {}, "sim": {}}', '{"cores": "two"}'])
+def test_a_file_that_is_not_a_summary_is_a_clear_error_and_writes_nothing(tmp_path, capsys, content):
+    src = tmp_path / "summary.json"
+    src.write_text(content)
+    md = tmp_path / "results.md"
+    md.write_text("# Results\n")
+    plot = tmp_path / "r.svg"
+    assert main(["experiment", "real", "--from", str(src), "--update", str(md), "--plot", str(plot)]) == 2
+    assert "not a summary `dqoes experiment real` writes" in capsys.readouterr().err
+    assert md.read_text() == "# Results\n" and not plot.exists()
