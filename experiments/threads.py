@@ -99,14 +99,21 @@ def run(opts: ThreadsOptions, log: Callable[[str], None], *, from_file: str | No
         try:
             d = json.loads(Path(from_file).read_text())
             rows, meta = d["rows"], d["machine"]
-        except (OSError, ValueError, KeyError) as e:
+        except (OSError, ValueError, KeyError, TypeError) as e:
             raise ExperimentError(f"--from {from_file}: {e}") from None
     else:
         meta = machine(command)
         rows = measure(opts, log)
-    out = {"machine": meta, "rows": rows, "gains": gains(rows)}
+    try:
+        out = {"machine": meta, "rows": rows, "gains": gains(rows)}
+        md = render_markdown(rows, meta)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        if not from_file:
+            raise
+        raise ExperimentError(f"--from {from_file}: not a `dqoes experiment threads --json` output "
+                              f"({type(e).__name__}: {e})") from None
     if update:
-        update_section(Path(update), render_markdown(rows, meta), BEGIN, END)
+        update_section(Path(update), md, BEGIN, END)
         log(f"section updated in {update}")
     return out
 

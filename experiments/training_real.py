@@ -261,7 +261,12 @@ def command_line(opts: TrainingRealOptions) -> str:
 
 def run(opts: TrainingRealOptions, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:
     if opts.from_file:
-        s = json.loads(Path(opts.from_file).read_text())
+        try:
+            s = json.loads(Path(opts.from_file).read_text())
+        except (OSError, ValueError) as e:
+            raise ExperimentError(f"--from {opts.from_file}: {e}") from None
+        if not isinstance(s, dict):
+            raise ExperimentError(f"--from {opts.from_file}: not a summary `dqoes experiment training-real` writes")
     else:
         if os.geteuid() != 0:
             raise ExperimentError("training-real needs root (it runs the jobs in cgroups)")
@@ -286,7 +291,13 @@ def run(opts: TrainingRealOptions, log: Callable[[str], None]) -> tuple[dict[str
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").write_text(json.dumps(s, indent=1))
         log(f"records in {run_dir}")
-    md = render_markdown(s, s.get("command") or command_line(opts))
+    try:
+        md = render_markdown(s, s.get("command") or command_line(opts))
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        if not opts.from_file:
+            raise
+        raise ExperimentError(f"--from {opts.from_file}: not a summary `dqoes experiment training-real` writes "
+                              f"({type(e).__name__}: {e})") from None
     if opts.update:
         update_section(Path(opts.update), md, BEGIN, END)
     return s, md

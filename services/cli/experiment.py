@@ -232,9 +232,20 @@ def cmd_calibrate_training(args: argparse.Namespace) -> int:
             old = json.loads(Path(args.from_file).read_text())
         except (OSError, ValueError) as e:
             raise CliError(f"--from: {e}") from None
-        measured, when, host = old.get("raw"), old.get("date"), (old.get("machine") or {}).get("host")
-    d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True),
-                                     measured=measured, when=when, host=host)
+        # --from measures nothing: a file without its measurements is an error, never a new measurement.
+        measured = old.get("raw") if isinstance(old, dict) else None
+        if not isinstance(measured, dict):
+            raise CliError(f"--from {args.from_file}: not a `dqoes experiment calibrate-training --json` output "
+                           "(no \"raw\" measurements)")
+        when, host = old.get("date"), (old.get("machine") or {}).get("host")
+    try:
+        d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True),
+                                         measured=measured, when=when, host=host)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        if measured is None:
+            raise
+        raise CliError(f"--from {args.from_file}: its measurements are not as `--json` writes them "
+                       f"({type(e).__name__}: {e})") from None
     if args.out:
         Path(args.out).write_text(d["toml"])
     if args.json:

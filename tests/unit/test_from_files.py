@@ -1,0 +1,36 @@
+"""Every `--from` that reads back an earlier run: a file that is not one is a clear error (exit 2) that
+measures nothing and writes nothing, where it was a traceback or, for calibrate-training, a new
+measurement of its own."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.cli.main import main
+
+NOT_OURS = ["[]", "[1]", '{"real": 3}', '{"rows": [1], "machine": {}}', '{"raw": {"vae": 3}}', '{"runs": 3}']
+
+
+@pytest.mark.parametrize("content", NOT_OURS)
+@pytest.mark.parametrize("command", [
+    ["experiment", "calibrate-training", "--models", "vae"],
+    ["experiment", "training-real"],
+    ["experiment", "threads"],
+    ["experiment", "real"],
+])
+def test_a_file_that_is_not_an_earlier_run_is_a_clear_error(tmp_path, capsys, monkeypatch, command, content):
+    import experiments.training_calibrate as tc
+
+    def no_measuring(*a, **k):
+        raise AssertionError("--from measured")
+
+    monkeypatch.setattr(tc, "measure", no_measuring)
+    src = tmp_path / "old.json"
+    src.write_text(content)
+    md = tmp_path / "results.md"
+    md.write_text("# Results\n")
+    update = ["--update", str(md)] if command[1] != "calibrate-training" else []
+    assert main([*command, "--from", str(src), *update]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dqoes: error: --from") and "Traceback" not in err, err
+    assert md.read_text() == "# Results\n"
