@@ -53,12 +53,18 @@ def load_run(run_dir: str | Path, policy: str) -> tuple[list[dict[str, Any]], fl
         raise ValueError(f"{summary}: no such file (a directory written by `dqoes experiment real --out`)")
     if not rows_path.is_file():
         raise ValueError(f"{rows_path}: no such file (was {policy} one of the run's policies?)")
-    d = json.loads(summary.read_text())
-    # Records from before batches carried their model and images: the summary says what each ran.
-    models = {c["name"]: c.get("model") for c in d.get("containers", []) if isinstance(c, Mapping)}
+    try:
+        d = json.loads(summary.read_text())
+        # Records from before batches carried their model and images: the summary says what each ran.
+        models = {c["name"]: c.get("model") for c in d.get("containers", []) if isinstance(c, Mapping)}
+        cores = float(d["cores"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{summary}: not a summary `dqoes experiment real` writes ({type(e).__name__}: {e})") from None
+    if not (math.isfinite(cores) and cores > 0):
+        raise ValueError(f"{summary}: cores must be a positive number, got {d['cores']!r}")
     rows = [{**r, "model": models.get(r.get("container")), "images": d.get("batch")}
             if r.get("kind") == "batch" and "model" not in r else r for r in read_record(rows_path)]
-    return rows, float(d["cores"])
+    return rows, cores
 
 
 def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,

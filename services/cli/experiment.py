@@ -316,6 +316,9 @@ def cmd_replay(args: argparse.Namespace) -> int:
         res = replay.replay(rows, policy, cores, settings)
     except ValueError as e:
         raise CliError(str(e)) from None
+    except (KeyError, TypeError, AttributeError, IndexError) as e:
+        raise CliError(f"{args.run_dir}: the record is not as `dqoes experiment real --out` writes it "
+                       f"({type(e).__name__}: {e})") from None
     if args.json:
         emit_json(res)
     else:

@@ -34,3 +34,19 @@ def test_a_file_that_is_not_an_earlier_run_is_a_clear_error(tmp_path, capsys, mo
     err = capsys.readouterr().err
     assert err.startswith("dqoes: error: --from") and "Traceback" not in err, err
     assert md.read_text() == "# Results\n"
+
+
+@pytest.mark.parametrize("summary, record", [
+    ("{}", '{"kind": "decision", "t_s": 1, "containers": {}}'),
+    ("[1, 2]", '{"kind": "decision", "t_s": 1, "containers": {}}'),
+    ('{"cores": -1}', '{"kind": "decision", "t_s": 1, "containers": {}}'),
+    ('{"cores": "two"}', '{"kind": "decision", "t_s": 1, "containers": {}}'),
+    ('{"cores": 2}', '{"kind": "decision", "t_s": 1, "containers": 5}'),
+    ('{"cores": 2}', '{"kind": "batch", "container": "c01", "latency_s": 1}'),
+])
+def test_replay_of_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path, capsys, summary, record):
+    (tmp_path / "summary.json").write_text(summary)
+    (tmp_path / "learned.jsonl").write_text(record + "\n")
+    assert main(["experiment", "replay", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dqoes: error:") and "Traceback" not in err, err
