@@ -523,10 +523,17 @@ def run(opts: WeightsOptions, log: Callable[[str], None], *, from_file: str | No
         meta = machine(opts, cores)
         result = measure(opts, log)
     out = {"machine": meta, "result": result}
+    if opts.section is not None:
+        validate(WeightsOptions(section=opts.section))
+    try:
+        md = render_markdown(out, opts.section)
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        if not from_file:
+            raise
+        raise ExperimentError(f"--from {from_file}: not a `dqoes experiment weights --json` output "
+                              f"({type(e).__name__}: {e})") from None
     if update:
-        if opts.section is not None:
-            validate(WeightsOptions(section=opts.section))
-        update_section(Path(update), render_markdown(out, opts.section), *markers(opts.section))
+        update_section(Path(update), md, *markers(opts.section))
         log(f"section updated in {update}")
     return out
 

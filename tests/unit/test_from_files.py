@@ -8,7 +8,8 @@ import pytest
 
 from services.cli.main import main
 
-NOT_OURS = ["[]", "[1]", '{"real": 3}', '{"rows": [1], "machine": {}}', '{"raw": {"vae": 3}}', '{"runs": 3}']
+NOT_OURS = ["[]", "[1]", '{"real": 3}', '{"rows": [1], "machine": {}}', '{"raw": {"vae": 3}}', '{"runs": 3}',
+            '{"machine": {}, "result": {"conditions": [1]}}']
 
 
 @pytest.mark.parametrize("content", NOT_OURS)
@@ -17,6 +18,7 @@ NOT_OURS = ["[]", "[1]", '{"real": 3}', '{"rows": [1], "machine": {}}', '{"raw":
     ["experiment", "training-real"],
     ["experiment", "threads"],
     ["experiment", "real"],
+    ["experiment", "weights"],
 ])
 def test_a_file_that_is_not_an_earlier_run_is_a_clear_error(tmp_path, capsys, monkeypatch, command, content):
     import experiments.training_calibrate as tc
