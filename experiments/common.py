@@ -37,6 +37,19 @@ def read_record(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+@contextlib.contextmanager
+def reading_back(from_file: str | None, what: str) -> Iterator[None]:
+    """Around the code that reads back an earlier run's output (`--from FILE`): a file not shaped as
+    `what` says (a missing key, a value of another type) is an ExperimentError naming the file, before
+    anything is written. Without `from_file` nothing is caught: the data is the run's own."""
+    try:
+        yield
+    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
+        if not from_file:
+            raise
+        raise ExperimentError(f"--from {from_file}: not {what} ({type(e).__name__}: {e})") from None
+
+
 def update_section(path: Path, block: str, begin: str, end: str) -> None:
     """Replace the generated block between `begin` and `end` in a Markdown file (or append it)."""
     text = path.read_text() if path.exists() else ""

@@ -44,6 +44,7 @@ from experiments.common import (
     busy_cores_s,
     check_interrupted,
     read_record,
+    reading_back,
     record_stem,
     update_section,
 )
@@ -781,14 +782,11 @@ def _read_back(opts: RealOptions, rel: str | None, begin: str, end: str) -> tupl
         d = json.loads(Path(opts.from_file).read_text())
     except (OSError, ValueError) as e:
         raise ExperimentError(f"--from {opts.from_file}: {e}") from None
-    try:
+    with reading_back(opts.from_file, "a summary `dqoes experiment real` writes"):
         if opts.records:
             add_noise_bounds(d, read_records(opts.records, list(d["real"])), profiles_named(d["profiles"]))
         d["profiles_off"] = profiles_off(d)  # records from before it was kept
         return d, real_figure(d) if opts.plot else None, render_markdown(d, rel, begin, end)
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
-        raise ExperimentError(f"--from {opts.from_file}: not a summary `dqoes experiment real` writes "
-                              f"({type(e).__name__}: {e})") from None
 
 
 def markers(section: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from experiments import common
 from experiments.calibrate import ARCHITECTURE, NATIVE_PX, Measurer, parse_limits, parse_models
-from experiments.common import ExperimentError, update_section
+from experiments.common import ExperimentError, reading_back, update_section
 from shared.runtime import cgroupfs
 
 BEGIN = "<!-- BEGIN generated: dqoes experiment threads -->"
@@ -104,14 +104,9 @@ def run(opts: ThreadsOptions, log: Callable[[str], None], *, from_file: str | No
     else:
         meta = machine(command)
         rows = measure(opts, log)
-    try:
+    with reading_back(from_file, "a `dqoes experiment threads --json` output"):
         out = {"machine": meta, "rows": rows, "gains": gains(rows)}
         md = render_markdown(rows, meta)
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
-        if not from_file:
-            raise
-        raise ExperimentError(f"--from {from_file}: not a `dqoes experiment threads --json` output "
-                              f"({type(e).__name__}: {e})") from None
     if update:
         update_section(Path(update), md, BEGIN, END)
         log(f"section updated in {update}")

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from experiments.common import ExperimentError, busy_cores_s, update_section
+from experiments.common import ExperimentError, busy_cores_s, reading_back, update_section
 from shared import subjects
 from shared.bus import Bus
 from shared.natsd import NatsServer
@@ -291,13 +291,8 @@ def run(opts: TrainingRealOptions, log: Callable[[str], None]) -> tuple[dict[str
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").write_text(json.dumps(s, indent=1))
         log(f"records in {run_dir}")
-    try:
+    with reading_back(opts.from_file, "a summary `dqoes experiment training-real` writes"):
         md = render_markdown(s, s.get("command") or command_line(opts))
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
-        if not opts.from_file:
-            raise
-        raise ExperimentError(f"--from {opts.from_file}: not a summary `dqoes experiment training-real` writes "
-                              f"({type(e).__name__}: {e})") from None
     if opts.update:
         update_section(Path(opts.update), md, BEGIN, END)
     return s, md

@@ -62,6 +62,7 @@ from experiments.common import (
     ExperimentError,
     busy_cores_s,
     check_interrupted,
+    reading_back,
     sigterm_as_interrupt,
     update_section,
 )
@@ -523,16 +524,11 @@ def run(opts: WeightsOptions, log: Callable[[str], None], *, from_file: str | No
         meta = machine(opts, cores)
         result = measure(opts, log)
     out = {"machine": meta, "result": result}
-    if opts.section is not None:
-        validate(WeightsOptions(section=opts.section))
-    try:
+    with reading_back(from_file, "a `dqoes experiment weights --json` output"):
         md = render_markdown(out, opts.section)
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
-        if not from_file:
-            raise
-        raise ExperimentError(f"--from {from_file}: not a `dqoes experiment weights --json` output "
-                              f"({type(e).__name__}: {e})") from None
     if update:
+        if opts.section is not None:
+            validate(WeightsOptions(section=opts.section))
         update_section(Path(update), md, *markers(opts.section))
         log(f"section updated in {update}")
     return out

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from experiments import real, replay, report, threads, training_calibrate, training_real, weights
 from experiments import training as training_exp
-from experiments.common import update_section
+from experiments.common import reading_back, update_section
 from services.cli.common import CliError, emit_json, parse_assignments, parse_seeds, profiles_from
 from services.cli.progress import Progress
 from shared.core import registry
@@ -238,14 +238,9 @@ def cmd_calibrate_training(args: argparse.Namespace) -> int:
             raise CliError(f"--from {args.from_file}: not a `dqoes experiment calibrate-training --json` output "
                            "(no \"raw\" measurements)")
         when, host = old.get("date"), (old.get("machine") or {}).get("host")
-    try:
+    with reading_back(args.from_file, "a `dqoes experiment calibrate-training --json` output"):
         d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True),
                                          measured=measured, when=when, host=host)
-    except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
-        if measured is None:
-            raise
-        raise CliError(f"--from {args.from_file}: its measurements are not as `--json` writes them "
-                       f"({type(e).__name__}: {e})") from None
     if args.out:
         Path(args.out).write_text(d["toml"])
     if args.json:
