@@ -50,6 +50,18 @@ def reading_back(from_file: str | None, what: str) -> Iterator[None]:
         raise ExperimentError(f"--from {from_file}: not {what} ({type(e).__name__}: {e})") from None
 
 
+def read_back_json(from_file: str, what: str) -> dict[str, Any]:
+    """The JSON object an earlier run wrote (`--from FILE`): a file that cannot be read, is not JSON or
+    holds no object is an ExperimentError naming the file, before anything is written."""
+    try:
+        d = json.loads(Path(from_file).read_text())
+    except (OSError, ValueError) as e:
+        raise ExperimentError(f"--from {from_file}: {e}") from None
+    if not isinstance(d, dict):
+        raise ExperimentError(f"--from {from_file}: not {what} (a JSON {type(d).__name__}, not an object)")
+    return d
+
+
 def update_section(path: Path, block: str, begin: str, end: str) -> None:
     """Replace the generated block between `begin` and `end` in a Markdown file (or append it)."""
     text = path.read_text() if path.exists() else ""

@@ -43,6 +43,7 @@ from experiments.common import (
     ExperimentError,
     busy_cores_s,
     check_interrupted,
+    read_back_json,
     read_record,
     reading_back,
     record_stem,
@@ -778,11 +779,9 @@ def run(opts: RealOptions) -> RealResult:
 def _read_back(opts: RealOptions, rel: str | None, begin: str, end: str) -> tuple[dict[str, Any], Any, str]:
     """A summary written earlier, completed from its records where asked, with its figure and section;
     a file that is not such a summary is an ExperimentError, before anything is written."""
-    try:
-        d = json.loads(Path(opts.from_file).read_text())
-    except (OSError, ValueError) as e:
-        raise ExperimentError(f"--from {opts.from_file}: {e}") from None
-    with reading_back(opts.from_file, "a summary `dqoes experiment real` writes"):
+    what = "a summary `dqoes experiment real` writes"
+    d = read_back_json(opts.from_file, what)
+    with reading_back(opts.from_file, what):
         if opts.records:
             add_noise_bounds(d, read_records(opts.records, list(d["real"])), profiles_named(d["profiles"]))
         d["profiles_off"] = profiles_off(d)  # records from before it was kept

@@ -12,7 +12,6 @@ over following latency (above 1: following is faster).
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import time
@@ -23,7 +22,7 @@ from typing import Any
 
 from experiments import common
 from experiments.calibrate import ARCHITECTURE, NATIVE_PX, Measurer, parse_limits, parse_models
-from experiments.common import ExperimentError, reading_back, update_section
+from experiments.common import ExperimentError, read_back_json, reading_back, update_section
 from shared.runtime import cgroupfs
 
 BEGIN = "<!-- BEGIN generated: dqoes experiment threads -->"
@@ -95,16 +94,15 @@ def machine(command: str) -> dict[str, Any]:
 def run(opts: ThreadsOptions, log: Callable[[str], None], *, from_file: str | None = None,
         update: str | None = None, command: str = "dqoes experiment threads") -> dict[str, Any]:
     """Measure (or read back a JSON written earlier), write the docs section; the rows, gains and machine."""
+    what = "a `dqoes experiment threads --json` output"
     if from_file:
-        try:
-            d = json.loads(Path(from_file).read_text())
+        d = read_back_json(from_file, what)
+        with reading_back(from_file, what):
             rows, meta = d["rows"], d["machine"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ExperimentError(f"--from {from_file}: {e}") from None
     else:
         meta = machine(command)
         rows = measure(opts, log)
-    with reading_back(from_file, "a `dqoes experiment threads --json` output"):
+    with reading_back(from_file, what):
         out = {"machine": meta, "rows": rows, "gains": gains(rows)}
         md = render_markdown(rows, meta)
     if update:

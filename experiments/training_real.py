@@ -30,7 +30,13 @@ from typing import Any
 
 import orjson
 
-from experiments.common import ExperimentError, busy_cores_s, reading_back, update_section
+from experiments.common import (
+    ExperimentError,
+    busy_cores_s,
+    read_back_json,
+    reading_back,
+    update_section,
+)
 from shared import subjects
 from shared.bus import Bus
 from shared.natsd import NatsServer
@@ -261,12 +267,7 @@ def command_line(opts: TrainingRealOptions) -> str:
 
 def run(opts: TrainingRealOptions, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:
     if opts.from_file:
-        try:
-            s = json.loads(Path(opts.from_file).read_text())
-        except (OSError, ValueError) as e:
-            raise ExperimentError(f"--from {opts.from_file}: {e}") from None
-        if not isinstance(s, dict):
-            raise ExperimentError(f"--from {opts.from_file}: not a summary `dqoes experiment training-real` writes")
+        s = read_back_json(opts.from_file, "a summary `dqoes experiment training-real` writes")
     else:
         if os.geteuid() != 0:
             raise ExperimentError("training-real needs root (it runs the jobs in cgroups)")

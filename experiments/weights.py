@@ -62,6 +62,7 @@ from experiments.common import (
     ExperimentError,
     busy_cores_s,
     check_interrupted,
+    read_back_json,
     reading_back,
     sigterm_as_interrupt,
     update_section,
@@ -511,20 +512,19 @@ def machine(opts: WeightsOptions, cores: float) -> dict[str, Any]:
 def run(opts: WeightsOptions, log: Callable[[str], None], *, from_file: str | None = None,
         update: str | None = None) -> dict[str, Any]:
     """Measure (or read back a --json output), write the docs section; {"machine": ..., "result": ...}."""
+    what = "a `dqoes experiment weights --json` output"
     if from_file:
-        try:
-            d = json.loads(Path(from_file).read_text())
+        d = read_back_json(from_file, what)
+        with reading_back(from_file, what):
             meta, result = d["machine"], d["result"]
             if not isinstance(result["conditions"], list):
                 raise ValueError("no list of conditions")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ExperimentError(f"--from {from_file}: {e}") from None
     else:
         cores, _, _ = validate(opts)
         meta = machine(opts, cores)
         result = measure(opts, log)
     out = {"machine": meta, "result": result}
-    with reading_back(from_file, "a `dqoes experiment weights --json` output"):
+    with reading_back(from_file, what):
         md = render_markdown(out, opts.section)
     if update:
         if opts.section is not None:
