@@ -525,3 +525,36 @@ def test_a_batch_that_straddled_several_limits_is_read_from_the_cpu_it_used():
     assert curve.n == 1
     assert math.exp(curve.sy / curve.sw) == pytest.approx(20.0)
     assert math.exp(curve.sx / curve.sw) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize(("others_cores", "ceiling"), [(0.93, True), (1.0, False)], ids=["idle left", "node full"])
+def test_a_ceiling_is_seen_on_a_busy_node_when_the_node_left_room(others_cores, ceiling):
+    """On a node whose cores are all handed out, a container held by its own threads below its limit
+    is at its ceiling if the node left idle at least half of what it left unused; not if the node was full.
+
+    Explicit views, no simulator: 8 cores; `x` has 1.55 cores of limit but one thread (it uses 1.0 core,
+    0.9 s a batch); seven others use `others_cores` each at their limits (0.93: the node 94 % busy, as on
+    the 16-core host's run of 26 Nov; 1.0: every core busy, where `x` may have been starved).
+    """
+    from shared.core.types import BatchObs, ContainerView, NodeView
+
+    cores = 8.0
+    policy = LearnedPolicy()
+    limits = {"x": 1.55 / cores, **{f"o{i}": others_cores / cores for i in range(7)}}
+    views = []
+    for index in range(1, 4):
+        views = []
+        for name, limit in limits.items():
+            used = 1.0 if name == "x" else others_cores
+            latency = 0.9 if name == "x" else 2.0
+            batch = BatchObs(latency_s=latency, finished_at_s=10.0 * index, limit=limit, clean=True, index=index,
+                             cpu_s=used * latency)
+            views.append(ContainerView(name=name, objective_s=0.72 if name == "x" else 2.0, alpha=0.1,
+                                       latency_s=latency, last_latency_s=latency, cpu_share=used / cores,
+                                       limit=limit, batches=(batch,)))
+        policy.decide(NodeView(node="n1", cores=cores, now_s=10.0 * index, containers=tuple(views)))
+    sat = policy.curves["x"].sat_cores
+    if ceiling:
+        assert sat is not None and sat == pytest.approx(1.05, rel=0.01)
+    else:
+        assert sat is None
