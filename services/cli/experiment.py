@@ -8,13 +8,12 @@ format. Tables for people, one JSON object on the last line of stdout with
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from experiments import real, replay, report, threads, training_calibrate, training_real, weights
 from experiments import training as training_exp
-from experiments.common import reading_back, update_section
+from experiments.common import read_back_json, reading_back, update_section
 from services.cli.common import CliError, emit_json, parse_assignments, parse_seeds, profiles_from
 from services.cli.progress import Progress
 from shared.core import registry
@@ -226,19 +225,16 @@ def cmd_calibrate_training(args: argparse.Namespace) -> int:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     if args.epochs < 3:
         raise CliError("--epochs must be >= 3 (a curve needs three points)")
+    what = "a `dqoes experiment calibrate-training --json` output"
     measured = when = host = None
     if args.from_file:
-        try:
-            old = json.loads(Path(args.from_file).read_text())
-        except (OSError, ValueError) as e:
-            raise CliError(f"--from: {e}") from None
+        old = read_back_json(args.from_file, what)
         # --from measures nothing: a file without its measurements is an error, never a new measurement.
-        measured = old.get("raw") if isinstance(old, dict) else None
+        measured = old.get("raw")
         if not isinstance(measured, dict):
-            raise CliError(f"--from {args.from_file}: not a `dqoes experiment calibrate-training --json` output "
-                           "(no \"raw\" measurements)")
+            raise CliError(f"--from {args.from_file}: not {what} (no \"raw\" measurements)")
         when, host = old.get("date"), (old.get("machine") or {}).get("host")
-    with reading_back(args.from_file, "a `dqoes experiment calibrate-training --json` output"):
+    with reading_back(args.from_file, what):
         d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True),
                                          measured=measured, when=when, host=host)
     if args.out:
