@@ -282,7 +282,8 @@ class RealRun:
             self.batches.append({"t_s": round(time.time() - self.t0, 2),
                                  "container": e.container.removeprefix(self.prefix + "-"),
                                  "latency_s": e.latency_s, "cpu_s": e.cpu_s, "batch": e.batch,
-                                 "model": e.model, "images": e.images})
+                                 "model": e.model, "images": e.images,
+                                 **({"follows_limit": True} if e.follows_limit else {})})
 
         await bus.subscribe(subjects.state(self.node), on_state, expect=NodeState)
         await bus.subscribe(subjects.decisions(self.node), on_decision, expect=DecisionMsg)

@@ -240,7 +240,8 @@ def _feed(ctl: NodeController, name: str, batches: list[tuple[float, Mapping[str
     for tb, r in batches:
         tr.limit = limit  # the batch ran under the run's limit
         workload = workload_of(r.get("model"), r.get("images"))
-        ctl.record_latency(name, r["latency_s"], min(tb, t), r.get("cpu_s"), workload)
+        ctl.record_latency(name, r["latency_s"], min(tb, t), r.get("cpu_s"), workload,
+                           follows_limit=bool(r.get("follows_limit", False)))
 
 
 def _same(a: float | None, b: float | None) -> bool:

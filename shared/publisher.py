@@ -40,6 +40,7 @@ class LatencyPublisher:
         cpu_s: float = 0.0,
         model: str | None = None,
         finished_at: float | None = None,
+        follows_limit: bool = False,
     ) -> LatencyEvent:
         return LatencyEvent(
             container=container,
@@ -50,6 +51,7 @@ class LatencyPublisher:
             cpu_s=max(0.0, cpu_s),
             model=model,
             finished_at=time.time() if finished_at is None else finished_at,
+            follows_limit=follows_limit,
         )
 
     async def publish(self, ev: LatencyEvent) -> None:

@@ -121,7 +121,9 @@ class LatencyEvent(Checked):
     """Inference container -> worker: one batch finished.
 
     `cpu_s` is the CPU time the batch used (0.0: not measured); `finished_at`
-    is when it finished (unix s; absent on the wire: the envelope's ts).
+    is when it finished (unix s; absent on the wire: the envelope's ts);
+    `follows_limit` says its intra-op threads follow its CPU limit
+    (max(1, floor(limit)); false or absent: a fixed thread count).
     """
 
     TYPE: ClassVar[str] = "latency"
@@ -135,6 +137,7 @@ class LatencyEvent(Checked):
     cpu_s: float = checked(NONNEG, default=0.0)
     model: str | None = checked(optional(text), default=None)
     finished_at: float | None = checked(UNIX_S, default=None, from_envelope="ts")
+    follows_limit: bool = checked(boolean, default=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -588,6 +591,7 @@ def decode_latency(data: bytes | bytearray | memoryview) -> LatencyEvent:
         v, ts, sender = g("v"), g("ts"), g("sender")
         lat, images, batch = g("latency_s"), g("images"), g("batch")
         cpu, model, fin = g("cpu_s", 0.0), g("model"), g("finished_at")
+        follows = g("follows_limit", False)
         if (type(v) is int and v >= 1 and type(ts) is float and 0.0 <= ts < math.inf
                 and type(sender) is str and len(sender) <= MAX_TEXT_CHARS
                 and type(lat) is float and 0.0 < lat <= _MAX_LATENCY_S
@@ -595,10 +599,11 @@ def decode_latency(data: bytes | bytearray | memoryview) -> LatencyEvent:
                 and type(cpu) is float and 0.0 <= cpu < math.inf
                 and (model is None or (type(model) is str and len(model) <= MAX_TEXT_CHARS))
                 and (fin is None or (type(fin) is float and 0.0 <= fin < math.inf))
+                and type(follows) is bool
                 and _id_ok(g("container")) and _id_ok(g("node"))):
             ev = object.__new__(LatencyEvent)
             for name, value in zip(_LATENCY_FIELDS, (g("container"), g("node"), lat, images, batch, cpu, model,
-                                                      ts if fin is None else fin), strict=True):
+                                                      ts if fin is None else fin, follows), strict=True):
                 object.__setattr__(ev, name, value)
             return ev
     return decode_as(data, LatencyEvent)

@@ -89,7 +89,7 @@ async def serve(cfg: InferenceConfig, workload, stop: asyncio.Event) -> int:  # 
             status = 1
             continue
         await pub.publish(pub.event(cfg.name, r.latency_s, r.images, r.batch, cpu_s=r.cpu_s, model=r.model,
-                                    finished_at=r.finished_at))
+                                    finished_at=r.finished_at, follows_limit=cfg.threads is None))
         log.debug("batch %d: %.3f s (%d threads)", r.batch, r.latency_s, r.threads)
     workload.stop()
     try:

@@ -145,7 +145,8 @@ class Worker:
             name = self.by_id.get(name[:12], name) if len(name) >= 12 else name
         cpu_s = msg.cpu_s or None  # 0.0: the container did not measure it
         workload = workload_of(msg.model, msg.images)
-        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock(), cpu_s, workload):
+        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock(), cpu_s, workload,
+                                                                       follows_limit=msg.follows_limit):
             self.ignored_latencies += 1
             return
         self.last_batch_at[name] = msg.finished_at if msg.finished_at is not None else self.wall()

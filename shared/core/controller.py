@@ -71,6 +71,8 @@ class Tracked:
     """The limit before the one in force."""
     workload: str | None = None
     """Model and images per batch, as its latest batch reported them (None: not reported)."""
+    follows_limit: bool = False
+    """Its threads follow its limit, as its latest batch reported."""
     recent: list[BatchObs] = field(default_factory=list)
     """Batches finished since the last round (at most MAX_RECENT, newest last)."""
 
@@ -141,7 +143,7 @@ class NodeController:
 
     def record_latency(
         self, name: str, latency_s: float, now_s: float | None = None, cpu_s: float | None = None,
-        workload: str | None = None,
+        workload: str | None = None, *, follows_limit: bool = False,
     ) -> bool:
         """A batch finished. Unknown containers and nonsense values are ignored (False).
 
@@ -157,6 +159,7 @@ class NodeController:
         if t is None or not (math.isfinite(latency_s) and latency_s > 0):
             return False
         t.new_latency_s = latency_s
+        t.follows_limit = follows_limit
         if workload:
             t.workload = workload
         if now_s is not None:
@@ -234,6 +237,7 @@ class NodeController:
                     t.slack_s,
                     tuple(t.recent),
                     t.workload,
+                    t.follows_limit,
                 )
             )
             if t.recent:

@@ -163,6 +163,10 @@ class LearnedParams(BaseParams):
     """1: aim each container where its next batch is most often met and in band under the measured
     noise, and give what is left to one left out for room where that is worth more than an equal split;
     0: the slow edge less 1.5 noise sd, then the band's centre as room allows (the earlier aim)."""
+    thread_steps: float = 1.0
+    """1: a container whose threads follow its limit (its batches say so) runs floor(limit) threads above
+    one core, so it is read at the cores those threads can use and given whole cores there
+    (docs/algorithms.md, "Threads that follow the limit"); 0: its limit read as cores it may use."""
 
     def __post_init__(self) -> None:
         BaseParams.__post_init__(self)
@@ -174,7 +178,7 @@ class LearnedParams(BaseParams):
                              ("confidence_z", 0.0, 5.0),
                              ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0), ("pool_slopes", 0.0, 1.0),
                              ("pool_work", 0.0, 1.0),
-                             ("expected_aim", 0.0, 1.0)):
+                             ("expected_aim", 0.0, 1.0), ("thread_steps", 0.0, 1.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and lo <= v <= hi):
                 raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
@@ -223,6 +227,9 @@ class Curve:
     """Its curve moved on its own (a drift restart): its replicas' curves no longer speak for it."""
     sat_cores: float | None = None
     """Most cores the container has been seen able to use; None: no sign of a ceiling."""
+    steps: bool = False
+    """Its threads follow its limit and the policy reads them so: above one core, a limit gives only its
+    whole cores (`at_limit`), and a need there is met by the next whole core (`limit_for`)."""
     suspects: list[tuple[float, float, float, float]] = field(default_factory=list)
     """The latest batch beyond OUTLIER_SD, held out of the fit until the next one tells whether the
     curve moved (drift watch): (residual, x, y, weight)."""
@@ -372,6 +379,31 @@ class Curve:
             k, theta = clamped, (r1 - p12 * clamped) / p11
         return (theta, k, p22 / det, -p12 / det, p11 / det, math.sqrt(sigma2))
 
+    def at_limit(self, limit_cores: float) -> float:
+        """The cores a batch can use under this limit: the limit, or with threads that follow it, the
+        whole cores of a limit above one (a limit of 1.6 runs one thread)."""
+        if self.steps and limit_cores > 1.0:
+            return float(math.floor(limit_cores + 1e-9))
+        return limit_cores
+
+    def limit_for(self, cores: float) -> float:
+        """The least limit (cores) under which a batch can use `cores`: itself, or with threads that
+        follow the limit, the next whole core above one."""
+        if self.steps and cores > 1.0 + 1e-9 and math.isfinite(cores):
+            return float(math.ceil(cores - 1e-9))
+        return cores
+
+    def snap(self, limit: float, cores: float, floor: float) -> float:
+        """A limit (fraction of a node of `cores`) cut to the whole cores its threads can use above one
+        (never below `floor`); unchanged where threads do not follow the limit."""
+        if not self.steps:
+            return limit
+        return max(floor, min(limit, self.at_limit(limit * cores) / cores))
+
+    def predict_limit(self, limit_cores: float, fit: tuple[float, ...] | None = None) -> tuple[float, float] | None:
+        """`predict` under a limit of `limit_cores` (what its threads can use of it)."""
+        return self.predict(self.at_limit(limit_cores), fit)
+
     def predict(self, cores: float, fit: tuple[float, ...] | None = None) -> tuple[float, float] | None:
         """(mean, model sd) of log latency with `cores` (by `fit`, else the curve's own), or None before
         any observation."""
@@ -385,10 +417,11 @@ class Curve:
         return theta - k * x, math.sqrt(max(0.0, var))
 
     def cores_for(self, latency_s: float, z: float) -> float | None:
-        """Fewest cores whose latency, with z model sds of margin, is at most `latency_s`.
+        """Least limit (cores) whose latency, with z model sds of margin, is at most `latency_s`.
 
         math.inf when even the saturation point is too slow, or when the fit asks for more cores
-        than a float holds (a wild first fit); None before any observation.
+        than a float holds (a wild first fit); None before any observation. With threads that
+        follow the limit, a need above one core is the next whole core.
         """
         f = self.solve()
         if f is None:
@@ -404,7 +437,7 @@ class Curve:
             c = _exp_or_inf((theta + z * pred[1] - target) / k)
         if self.sat_cores is not None and c > self.sat_cores * 1.02:
             return math.inf
-        return c
+        return self.limit_for(c)
 
 
 @dataclass(frozen=True, slots=True)
@@ -474,7 +507,8 @@ class LearnedPolicy(PolicyBase):
             _weigh_memories(curve, b, cores, decay[1], self.params.initial_interval_s)
             curve.last_clean_s = b.finished_at_s
             curve.batch_s = b.latency_s
-            limit_cores = None if b.limit is None else b.limit * cores
+            # Threads that follow the limit use only its whole cores above one: that is what binds.
+            limit_cores = None if b.limit is None else curve.at_limit(b.limit * cores)
             rate = None
             if b.cpu_s is not None:
                 rate = b.cpu_s / b.latency_s
@@ -517,7 +551,7 @@ class LearnedPolicy(PolicyBase):
         t1, t2 = b.since_s - start, b.finished_at_s - b.since_s
         if t1 <= 0 or t2 <= 0:
             return
-        c1, c2 = b.prev_limit * cores, b.limit * cores
+        c1, c2 = curve.at_limit(b.prev_limit * cores), curve.at_limit(b.limit * cores)
         if b.cpu_s < BINDING * (c1 * t1 + c2 * t2):
             return
         # The first part may itself have run under several limits (a newcomer's share halved twice
@@ -544,6 +578,7 @@ class LearnedPolicy(PolicyBase):
         for v in view.containers:
             curve = self._curve(v.name)
             curve.workload = v.workload or curve.workload
+            curve.steps = v.follows_limit and p.thread_steps >= 0.5
             self._observe(v, curve, cores, busy)
         own = _own_fits(self.curves)
         if p.pool_slopes >= 0.5:
@@ -571,7 +606,7 @@ class LearnedPolicy(PolicyBase):
                     keep = floor <= old <= new * (TOO_FAST_SLACK if held else TOO_FAST_FIRST)
                 elif plan.kind in ("in band", "learning"):
                     # A move smaller than what the fit can tell apart from noise is not made.
-                    at_old = self.curves[v.name].predict(old * cores)
+                    at_old = self.curves[v.name].predict_limit(old * cores)
                     tell = 2 * at_old[1] if at_old is not None else 0.0
                     keep = abs(math.log(new / old)) <= max(math.log1p(p.dead_band), tell)
                     if not keep and p.expected_aim >= 0.5 and plan.kind == "in band":
@@ -583,12 +618,15 @@ class LearnedPolicy(PolicyBase):
                 else:  # cannot be met: a share, not a target
                     keep = abs(new - old) <= BEST_EFFORT_DEAD_BAND * max(old, new)
                 if keep:
-                    new = old
+                    # Kept, less any part of a core above one that adds no thread.
+                    new = self.curves[v.name].snap(old, cores, floor)
                 elif plan.kind == "in band":
-                    pred = self.curves[v.name].predict(new * cores)
+                    curve = self.curves[v.name]
+                    pred = curve.predict_limit(new * cores)
                     if pred is None or pred[1] > UNCERTAIN_SD:
                         # An uncertain fit moves a limit only so far a round.
-                        new = min(max(new, old / MAX_STEP_UNCERTAIN), old * MAX_STEP_UNCERTAIN)
+                        new = curve.snap(min(max(new, old / MAX_STEP_UNCERTAIN), old * MAX_STEP_UNCERTAIN), cores,
+                                         floor)
             proposal[v.name] = new
         # Staying put must not overcommit the node. What is left was split as if every container
         # moved to its plan; those kept where they are hold some of it, so the best-effort rises
@@ -607,13 +645,13 @@ class LearnedPolicy(PolicyBase):
         ups: dict[str, tuple[float | None, str]] = {}
         for v in view.containers:
             new, old, curve = proposal[v.name], v.limit, self.curves[v.name]
-            fit, at = curve.solve(), curve.predict(new * cores)
+            fit, at = curve.solve(), curve.predict_limit(new * cores)
             curve.expected = None if fit is None or at is None else (at[0], OUTLIER_SD * max(fit[5], NOISE_PRIOR) + at[1])
             curve.strikes = 0
             curve.foresight = _foresee(curve, new * cores, view.now_s) if new is not None else None
             if new != old:
                 curve.changed_at_s = view.now_s
-                lat = curve.predict(new * cores)
+                lat = curve.predict_limit(new * cores)
                 step = _exp_or_inf(lat[0]) if lat is not None else math.inf
                 if not math.isfinite(step):  # no fit yet, or one that foresees past a float's range
                     step = v.latency_s or v.last_latency_s or 0.0
@@ -677,11 +715,11 @@ class LearnedPolicy(PolicyBase):
                 need = min(need, best)
                 margin[v.name] = centre[v.name] = max(best, need)
             if v.limit is not None and need * (1 - p.dead_band) <= v.limit <= min(cap, fast_edge / cores) and _in_band(v):
-                at = curve.predict(v.limit * cores)
+                at = curve.predict_limit(v.limit * cores)
                 if at is not None and at[0] <= math.log(edge_s):
                     # In band where it is and the curve agrees: leave it there (no trimming).
                     margin[v.name] = centre[v.name] = v.limit
-            if need <= floor and _faster_than_band(curve.predict(floor * cores), v):
+            if need <= floor and _faster_than_band(curve.predict_limit(floor * cores), v):
                 plans[v.name] = _Plan(floor, "too fast", need)
                 continue
             # Met at the floor is free to choose; room may still move it to its aim above the floor.
@@ -716,9 +754,10 @@ class LearnedPolicy(PolicyBase):
             for step, name in sorted((goal[n] - plans[n].limit, n) for n in chosen):
                 if step <= 0 or budget <= 1e-12:
                     continue
-                give = min(step, budget)
-                plans[name] = _Plan(plans[name].limit + give, "in band", plans[name].need)
-                budget -= give
+                # Threads that follow the limit use only its whole cores above one: no part of a core.
+                new = self.curves[name].snap(plans[name].limit + min(step, budget), cores, plans[name].limit)
+                budget -= new - plans[name].limit
+                plans[name] = _Plan(new, "in band", plans[name].need)
         if p.expected_aim >= 0.5 and budget > 1e-9:
             budget = self._one_more_chance(views, plans, best_effort, best_limit, cores, budget)
         # Then an equal part to each container that cannot be met, up to its fair share.
@@ -731,7 +770,7 @@ class LearnedPolicy(PolicyBase):
                 # Up to its ceiling and a little past it: a ceiling seen once may have been a
                 # slow spell, and a container held at it could never show that it is not.
                 top = min(top, max(floor, SAT_PROBE * curve.sat_cores / cores))
-            want[name] = top
+            want[name] = curve.snap(top, cores, floor)
         while budget > 1e-9 and want:
             share = budget / len(want)
             for name in list(want):
@@ -740,6 +779,9 @@ class LearnedPolicy(PolicyBase):
                 budget -= give
                 if plans[name].limit >= want[name] - 1e-12:
                     del want[name]
+        for name in best_effort:  # a share short of a whole core above one adds no thread: left idle
+            plans[name] = _Plan(self.curves[name].snap(plans[name].limit, cores, floor), plans[name].kind,
+                                plans[name].need)
         return plans
 
     def _fair_share(self, n: int) -> float:
@@ -776,7 +818,7 @@ class LearnedPolicy(PolicyBase):
             for k in best_effort:
                 if k not in best_limit or plans[k].kind not in ("no room", "unachievable"):
                     continue
-                top = min(best_limit[k], plans[k].limit + budget)
+                top = self.curves[k].snap(min(best_limit[k], plans[k].limit + budget), cores, plans[k].limit)
                 gain = value(k, top) - value(k, plans[k].limit)
                 # Hysteresis: a new holder must be worth clearly more than the split; last round's
                 # holders keep it while they are worth no less, and before any other.
@@ -1029,7 +1071,7 @@ def _foresee(curve: Curve, cores: float, now_s: float) -> tuple[float, float, fl
     if active is None or other is None:
         return None
     short, long = (other, active) if curve.long_active else (active, other)
-    a, b = curve.predict(cores, short), curve.predict(cores, long)
+    a, b = curve.predict_limit(cores, short), curve.predict_limit(cores, long)
     return None if a is None or b is None else (cores, a[0], b[0], now_s)
 
 
@@ -1083,7 +1125,8 @@ def expected_best_limit(curve: Curve, v: ContainerView, cores: float, lo: float,
         # equal value the aim would flip with every small change of the fit. Refine around the best.
         fine = ratio ** (2.0 / (TARGET_FINE - 1))
         best = _best_on_grid(curve, v, cores, max(lo, best / ratio), fine, TARGET_FINE, min(hi, best * ratio))
-    return best
+    # The same value for less: a limit above one core cut to its whole cores when threads follow it.
+    return curve.snap(best, cores, lo)
 
 
 def _best_on_grid(curve: Curve, v: ContainerView, cores: float, start: float, ratio: float, steps: int,
@@ -1100,8 +1143,8 @@ def _best_on_grid(curve: Curve, v: ContainerView, cores: float, start: float, ra
 
 
 def _chances(curve: Curve, v: ContainerView, cores: float) -> tuple[float, float]:
-    """(P(met), P(in band)) of the next batch with this many cores, per the fit and the noise."""
-    pred = curve.predict(cores)
+    """(P(met), P(in band)) of the next batch under a limit of this many cores, per the fit and the noise."""
+    pred = curve.predict_limit(cores)
     if pred is None:
         return 0.0, 0.0
     return band_chances(pred[0], math.sqrt(curve.noise**2 + pred[1] ** 2),

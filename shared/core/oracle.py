@@ -60,6 +60,11 @@ class OraclePlan:
     """Slower than the band even at the cap (unachievable)."""
     no_room: tuple[str, ...]
     """Achievable alone, left out for lack of CPU."""
+    steps_over: tuple[str, ...] = ()
+    """Met from some limit on, but never in band: its latency steps over the band (threads that follow
+    the limit add a whole core's worth at once)."""
+    met_most: int | None = None
+    """The met bound (None: those in band and those too fast, as for curves without steps)."""
 
     @property
     def count(self) -> int:
@@ -68,13 +73,16 @@ class OraclePlan:
 
     @property
     def met_count(self) -> int:
-        """The met bound: those in band, and those faster than their band even at the floor.
+        """The met bound: the most containers met at once, those faster than their band even at the floor
+        included.
 
-        Maximising met picks the same set as maximising in band (unit values,
-        cheapest extra CPU first, the same costs); a container too fast for its
-        band at the floor is met at no extra cost.
+        For continuous curves maximising met picks the same set as maximising in
+        band (unit values, cheapest extra CPU first, the same costs); a container
+        too fast for its band at the floor is met at no extra cost. A container
+        whose latency steps over its band counts for met alone, so it is solved
+        for separately (`met_most`).
         """
-        return len(self.satisfied) + len(self.too_fast)
+        return len(self.satisfied) + len(self.too_fast) if self.met_most is None else self.met_most
 
 
 def average_use(p: ModelProfile, limit: float, node_cores: float) -> float:
@@ -83,7 +91,7 @@ def average_use(p: ModelProfile, limit: float, node_cores: float) -> float:
     per-batch overhead uses none, so containers with overhead can share a node
     beyond the sum of their limits; the capacity constraint is on this average."""
     limit_cores = limit * node_cores
-    rate = min(limit_cores, float(p.threads), node_cores)
+    rate = min(limit_cores, float(p.threads_at(limit_cores)), node_cores)
     if rate <= 0:
         return 0.0
     cpu_s = p.work_cpu_s * p.cpu_multiplier(limit_cores)
@@ -118,6 +126,7 @@ def plan_node(
 
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
+    over: dict[str, float] = {}
     too_fast, too_slow = [], []
     for it in items:
         slow_edge = (1 + it.alpha) * it.objective_s * (1 + _SLACK)
@@ -126,13 +135,25 @@ def plan_node(
         most = limit_for_min_latency(it.profile, fast_edge, node_cores, lo=floor, hi=cap)
         if need is None:
             too_slow.append(it.name)
-        elif most is None or most < need:
+        elif most is None:
             too_fast.append(it.name)
+        elif most < need:
+            # Faster than the band from `need` on and slower below it: a step over the band.
+            over[it.name] = need
         else:
             lo[it.name], hi[it.name] = need, most
     by_name = {it.name: it for it in items}
     limits = {it.name: floor for it in items}
     budget = 1.0 - sum(use(it.profile, floor) for it in items)
+    met_most = None
+    if over:
+        # Met: the most containers whose extra CPU to be met fits, cheapest first (unit values).
+        left, met_most = budget, len(too_fast)
+        for extra in sorted(use(by_name[k].profile, v) - use(by_name[k].profile, floor)
+                            for k, v in (*lo.items(), *over.items())):
+            if extra <= left + _EPS:
+                left -= extra
+                met_most += 1
     chosen: list[str] = []
     no_room: list[str] = []
     order = sorted(lo, key=lambda k: (use(by_name[k].profile, lo[k]) - use(by_name[k].profile, floor), k))
@@ -165,7 +186,7 @@ def plan_node(
             limits[k] = limit_for(p, use(p, limits[k]) + budget)
             budget = 0.0
     # The rest goes to the unachievable, whose latency it can only improve.
-    slow = [k for k in too_slow + no_room if use(by_name[k].profile, cap) > use(by_name[k].profile, floor)]
+    slow = [k for k in too_slow + no_room + sorted(over) if use(by_name[k].profile, cap) > use(by_name[k].profile, floor)]
     while budget > _EPS and slow:
         share = budget / len(slow)
         still = []
@@ -178,7 +199,8 @@ def plan_node(
             if room - give > _EPS:
                 still.append(k)
         slow = still
-    return OraclePlan(limits, tuple(sorted(chosen)), tuple(too_fast), tuple(too_slow), tuple(no_room))
+    return OraclePlan(limits, tuple(sorted(chosen)), tuple(too_fast), tuple(too_slow), tuple(no_room),
+                      tuple(sorted(over)), met_most)
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,6 +50,9 @@ class ModelProfile:
     batch_images: int = 100
     resolution_px: int = 224
     source: str = "flops-scaled"
+    follows_limit: bool = False
+    """Its intra-op threads follow its CPU limit, max(1, floor(limit)) up to `threads` (what the
+    project's inference workload does unless pinned); one thread with no limit. False: always `threads`."""
     _xs: tuple[float, ...] = field(default=(), repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -59,6 +62,8 @@ class ModelProfile:
             raise ValueError(f"work_cpu_s must be > 0, got {self.work_cpu_s!r}")
         if not (isinstance(self.threads, int) and self.threads >= 1):
             raise ValueError(f"threads must be an integer >= 1, got {self.threads!r}")
+        if not isinstance(self.follows_limit, bool):
+            raise ValueError(f"follows_limit must be true or false, got {self.follows_limit!r}")
         if not (math.isfinite(self.overhead_s) and self.overhead_s >= 0):
             raise ValueError(f"overhead_s must be >= 0, got {self.overhead_s!r}")
         if not (math.isfinite(self.warmup_factor) and self.warmup_factor >= 1):
@@ -75,9 +80,17 @@ class ModelProfile:
         object.__setattr__(self, "efficiency", pts)
         object.__setattr__(self, "_xs", tuple(c for c, _ in pts))
 
+    def threads_at(self, limit_cores: float | None) -> int:
+        """Threads a batch runs under this limit (cores; None: no limit)."""
+        if not self.follows_limit:
+            return self.threads
+        if limit_cores is None:
+            return 1
+        return max(1, min(self.threads, math.floor(limit_cores + 1e-9)))
+
     def cpu_multiplier(self, limit_cores: float | None) -> float:
         """CPU-seconds per batch relative to an unthrottled batch, under a quota."""
-        if limit_cores is None or limit_cores >= self.threads or not self.efficiency:
+        if limit_cores is None or limit_cores >= self.threads_at(limit_cores) or not self.efficiency:
             return 1.0
         pts = self.efficiency
         if limit_cores <= pts[0][0]:
@@ -91,16 +104,18 @@ class ModelProfile:
     def latency_s(self, limit_cores: float | None, node_cores: float) -> float:
         """Batch latency alone on a node with the given quota (None: no quota)."""
         avail = node_cores if limit_cores is None else min(limit_cores, node_cores)
-        rate = min(avail, float(self.threads))
+        rate = min(avail, float(self.threads_at(limit_cores)))
         if rate <= 0:
             return math.inf
         return self.work_cpu_s * self.cpu_multiplier(limit_cores) / rate + self.overhead_s
 
     def fastest_s(self, node_cores: float) -> float:
-        """The paper's "fastest-possible response time": alone, owning the node."""
-        return self.latency_s(None, node_cores)
+        """The paper's "fastest-possible response time": alone, owning the node (a workload that
+        follows its limit: under a limit of the whole node, so that it runs as many threads as it may)."""
+        return self.latency_s(node_cores if self.follows_limit else None, node_cores)
 
-    def with_threads(self, threads: int) -> ModelProfile:
+    def with_threads(self, threads: int, follows_limit: bool | None = None) -> ModelProfile:
+        """The same model with `threads` (pinned; or, with `follows_limit`, the most it may run)."""
         return ModelProfile(
             self.name,
             self.work_cpu_s,
@@ -111,6 +126,7 @@ class ModelProfile:
             self.batch_images,
             self.resolution_px,
             self.source,
+            self.follows_limit if follows_limit is None else follows_limit,
         )
 
 
@@ -138,7 +154,7 @@ def limit_for_latency(
     """Smallest node fraction in [lo, hi] whose solo latency is <= target_s; None if none.
 
     Latency never rises as the limit grows (the efficiency multiplier never grows
-    with the limit), so bisection finds the boundary.
+    with the limit, and threads that follow the limit only step up), so bisection finds the boundary.
     """
     if profile.latency_s(hi * node_cores, node_cores) > target_s:
         return None

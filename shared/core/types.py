@@ -118,6 +118,9 @@ class ContainerView:
     workload: str | None = None
     """What it runs, as its batches report it (model and images per batch): containers with the same
     workload on a node are replicas. None: not reported."""
+    follows_limit: bool = False
+    """Its intra-op threads follow its limit (max(1, floor(limit cores))), as its batches report: above
+    one core, only whole cores add threads."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,7 +28,8 @@ from shared.scenarios.spec import ContainerSpec, Scenario
 
 KINDS = ("sim", "docker", "cgroup")
 
-BatchCallback = Callable[[str, float, int, int, float, str | None], None]
+BatchCallback = Callable[[str, float, int, int, float, str | None, bool], None]
+"""(container, latency_s, images, batch, cpu_s, model, follows_limit) of one simulated batch."""
 """(container, latency_s, images, batch number, cpu_s, model) for each simulated batch."""
 
 
@@ -71,10 +72,12 @@ def make_runtime(s: RuntimeSettings, on_batch: BatchCallback | None = None) -> R
 
         scenario = s.scenario
         models = {c.name: c.model for c in scenario.containers}
+        follows = {c.name: scenario.profile_of(c).follows_limit for c in scenario.containers}
 
         def batch_done(b: BatchDone) -> None:
             if on_batch is not None:
-                on_batch(b.container, b.latency_s, b.images, b.batch, b.cpu_s, models.get(b.container))
+                on_batch(b.container, b.latency_s, b.images, b.batch, b.cpu_s, models.get(b.container),
+                         follows.get(b.container, False))
 
         if s.start_at is not None:
             return SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done,

@@ -159,6 +159,9 @@ class Stress:
     """Lag-one correlation of each container's log noise from batch to batch (0: independent)."""
     alpha: float | None = None
     """The band's half-width for every container (None: DQoES's default, 0.1)."""
+    follows: bool = False
+    """Every workload's threads follow its limit (max(1, floor(limit)) of them, up to its four), as the
+    project's inference workload does on a real node, in place of four pinned threads."""
 
 
 STRESS: dict[str, Stress] = {
@@ -169,6 +172,8 @@ STRESS: dict[str, Stress] = {
     "random-cluster-tight": Stress("a band of +-5 %", alpha=0.05),
     "random-cluster-sticky": Stress("noise that persists from batch to batch (lag-one correlation 0.6)",
                                     noise_rho=0.6),
+    "random-cluster-threads": Stress("threads that follow each limit (its floor, up to four), as real workloads'",
+                                     follows=True),
 }
 """Variants of `random-cluster-40` for judging a policy beyond the setting it was developed on
 (`make bench-stress`; docs/scenarios.md, "Stress variants")."""
@@ -199,6 +204,10 @@ def _random_cluster(name: str, seed: int | None, profiles: Mapping[str, ModelPro
             "[0, 300 s] submissions")
     sc = _scenario(name, desc + (f"; {stress.summary}" if stress.summary else ""), nodes, out, 1500, seed,
                    PAPER_RULE.describe() + "; a fifth get a new objective in [400, 800 s]", profiles)
+    if stress.follows:
+        # After the draws: the objectives are those of the base clusters.
+        sc = dataclasses.replace(sc, profiles={n: p.with_threads(p.threads, follows_limit=True)
+                                               for n, p in sc.profiles.items()})
     if stress.alpha is not None:
         # As a file's `controller` table gives it: every policy and measure takes the band from there.
         sc = dataclasses.replace(sc, controller=DQoESParams(alpha=stress.alpha), settings={"alpha": stress.alpha})

@@ -203,8 +203,11 @@ def parse_controller(d: Mapping[str, Any], where: str = "controller.") -> tuple[
 
 def parse_profile(d: Mapping[str, Any], where: str) -> ModelProfile:
     allowed = {"name", "work_cpu_s", "threads", "overhead_s", "efficiency", "warmup_factor",
-               "batch_images", "resolution_px", "source"}
+               "batch_images", "resolution_px", "source", "follows_limit"}
     _check_keys(d, allowed, where)
+    follows = d.get("follows_limit", False)
+    if not isinstance(follows, bool):
+        raise ScenarioError(f"{where}follows_limit: must be true or false, got {follows!r}")
     name = _str(_get(d, "name", where), where + "name")
     eff = d.get("efficiency", [])
     if not isinstance(eff, list) or not all(isinstance(p, list | tuple) and len(p) == 2 for p in eff):
@@ -224,6 +227,7 @@ def parse_profile(d: Mapping[str, Any], where: str) -> ModelProfile:
             batch_images=int(_num(d.get("batch_images", 100), where + "batch_images", positive=True, integer=True)),
             resolution_px=int(_num(d.get("resolution_px", 224), where + "resolution_px", positive=True, integer=True)),
             source=str(d.get("source", "scenario file")),
+            follows_limit=follows,
         )
     except ValueError as e:
         raise ScenarioError(f"{where.rstrip('.')}: {e}") from None
@@ -530,7 +534,8 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
         "models": [
             {"name": m.name, "work_cpu_s": m.work_cpu_s, "threads": m.threads, "overhead_s": m.overhead_s,
              "efficiency": [list(pt) for pt in m.efficiency], "warmup_factor": m.warmup_factor,
-             "batch_images": m.batch_images, "resolution_px": m.resolution_px, "source": m.source}
+             "batch_images": m.batch_images, "resolution_px": m.resolution_px, "source": m.source,
+             **({"follows_limit": True} if m.follows_limit else {})}
             for m in s.profiles.values()
         ],
         "containers": [],

@@ -229,6 +229,7 @@ def simulate(
     context = policy_context(scenario, work_factor_now) if context is None else context
     ctrls = {n.name: NodeController(n.name, n.cores, make_policy(policy, scenario, context)) for n in scenario.nodes}
     specs = {c.name: c for c in scenario.containers}
+    follows = {c.name: scenario.profile_of(c).follows_limit for c in scenario.containers}
     latest: dict[str, float] = {}
     batches: dict[str, int] = {}
     placement = place(scenario)
@@ -355,7 +356,8 @@ def simulate(
         for name, node in nodes.items():
             done = node.advance(t)
             for b in done:
-                ctrls[name].record_latency(b.container, b.latency_s, t, b.cpu_s, _workload(specs, b))
+                ctrls[name].record_latency(b.container, b.latency_s, t, b.cpu_s, _workload(specs, b),
+                                           follows_limit=follows.get(b.container, False))
                 latest[b.container] = b.latency_s
                 batches[b.container] = batches.get(b.container, 0) + 1
             if done:
@@ -377,7 +379,8 @@ def simulate(
                     continue
                 if ch.work_factor is not None:
                     for b in nodes[where].set_work_factor(cname, ch.work_factor, t):
-                        ctrls[where].record_latency(b.container, b.latency_s, t, b.cpu_s, _workload(specs, b))
+                        ctrls[where].record_latency(b.container, b.latency_s, t, b.cpu_s, _workload(specs, b),
+                                                    follows_limit=follows.get(b.container, False))
                         latest[b.container] = b.latency_s
                         batches[b.container] = batches.get(b.container, 0) + 1
                 if ch.objective_s is not None:

@@ -4,7 +4,9 @@ Physics (docs/simulator.md says the same in prose):
 - a node has `cores`; a container runs batch after batch; a batch needs
   `work_cpu_s` CPU-seconds (times a per-batch log-normal noise factor, times the
   profile's efficiency multiplier while a quota below its thread count throttles
-  it) at no more than `threads` cores, then `overhead_s` of wall time using no CPU;
+  it) at no more than `threads` cores (for a workload whose threads follow its
+  limit, max(1, floor(limit)) of them: a staircase above one core), then
+  `overhead_s` of wall time using no CPU;
 - at every moment a computing container's CPU rate is min(its limit, its
   threads, its CFS fair share), the fair share found by water-filling the
   node's cores over the computing containers (equal weights, like Docker's
@@ -172,9 +174,10 @@ class SimNode:
         active = [c for c in self.containers.values() if c.computing]
         caps = []
         for c in active:
-            cap = float(c.profile.threads)
-            if c.limit is not None:
-                cap = min(cap, c.limit * self.cores)
+            limit_cores = None if c.limit is None else c.limit * self.cores
+            cap = float(c.profile.threads_at(limit_cores))
+            if limit_cores is not None:
+                cap = min(cap, limit_cores)
             caps.append(cap)
         for c, r in zip(active, water_fill(caps, self.cores), strict=True):
             c.rate = r

@@ -36,5 +36,7 @@ def test_a_short_real_run_records_decisions_and_batches(tmp_path):
     batches = [r for r in rows if r["kind"] == "batch"]
     assert {b["container"] for b in batches} == {"c01", "c02"}
     assert all(b["latency_s"] > 0 and b["cpu_s"] >= 0 for b in batches)
+    # Unpinned, the workloads' threads follow their limits, and every batch says so to the worker.
+    assert all(b.get("follows_limit") is True for b in batches)
     assert res.summary["real"][label]["met_final"] >= 0
     assert res.summary["real"][label]["settings"] == {"half_life_s": 0.0}

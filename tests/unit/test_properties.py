@@ -69,7 +69,7 @@ def small_scenarios(draw):
     n = draw(st.integers(1, 6))
     models = dict(BUILTIN_PROFILES)
     models["tiny"] = ModelProfile("tiny", draw(st.floats(1, 20)), draw(st.integers(1, 4)),
-                                  overhead_s=draw(st.sampled_from([0.0, 1.0])))
+                                  overhead_s=draw(st.sampled_from([0.0, 1.0])), follows_limit=draw(st.booleans()))
     containers = tuple(
         ContainerSpec(
             f"c{i}",
@@ -109,8 +109,8 @@ def learned_runs(draw):
     """A node, its containers and a few rounds of random batches and CPU counters."""
     n = draw(st.integers(1, 25))
     cores = draw(st.sampled_from([1.0, 2.0, 4.6, 16.0]))
-    containers = [(f"c{i}", draw(st.floats(0.5, 300)), draw(st.one_of(st.none(), st.floats(0.05, 0.5))))
-                  for i in range(n)]
+    containers = [(f"c{i}", draw(st.floats(0.5, 300)), draw(st.one_of(st.none(), st.floats(0.05, 0.5))),
+                   draw(st.booleans())) for i in range(n)]
     rounds = []
     for _ in range(draw(st.integers(1, 6))):
         batches = [(draw(st.integers(0, n - 1)), draw(st.floats(0.01, 1000)), draw(st.one_of(st.none(), st.floats(0.0, 50))))
@@ -126,12 +126,13 @@ def replay(case):
 
     cores, containers, rounds, _ = case
     ctrl = NodeController("n1", cores, registry.build("learned"))
-    for name, objective, alpha in containers:
+    for name, objective, alpha, *_ in containers:
         ctrl.add(name, 0.0, cpu_total_s=0.0, objective_s=objective, alpha=alpha)
     now, totals, out = 0.0, {c[0]: 0.0 for c in containers}, []
     for dt, batches, busy in rounds:
         for k, (i, latency, cpu) in enumerate(batches):
-            ctrl.record_latency(containers[i][0], latency, now + dt * (k + 1) / (len(batches) + 1), cpu)
+            ctrl.record_latency(containers[i][0], latency, now + dt * (k + 1) / (len(batches) + 1), cpu,
+                                follows_limit=containers[i][3] if len(containers[i]) > 3 else False)
         now += dt
         for name in totals:
             totals[name] += busy * dt * cores / len(containers)

@@ -55,6 +55,7 @@ SAMPLES: dict[str, schema.Message] = {
         batch=7,
         model="resnet50",
         finished_at=1700000000.0,
+        follows_limit=True,
     ),
     "decision": DecisionMsg(
         node="node-a",
@@ -184,6 +185,8 @@ def as_before_v3(msg):
                                                  last_batch_at=None) for c in msg.containers))
     if isinstance(msg, ControlMsg):
         return dataclasses.replace(msg, params={})
+    if isinstance(msg, LatencyEvent):  # added later within v3, optional like the others
+        return dataclasses.replace(msg, follows_limit=False)
     return msg
 
 MESSAGE_CLASSES = {
@@ -248,6 +251,19 @@ def test_version_2_bytes_still_decode_to_the_sample(kind):
     env = schema.decode_envelope((GOLDEN / "v2" / f"{kind}.msgpack").read_bytes())
     assert env.msg == as_before_v3(SAMPLES[kind])
     assert env.v == 2
+
+
+def test_a_latency_event_without_follows_limit_reads_as_a_fixed_thread_count():
+    """`follows_limit` came within v3 (optional): events from senders before it decode, fixed threads."""
+    m = golden_map("latency")
+    del m["follows_limit"]
+    assert schema.decode(pack(m)) == dataclasses.replace(SAMPLES["latency"], follows_limit=False)
+    assert schema.decode_latency(pack(m)) == dataclasses.replace(SAMPLES["latency"], follows_limit=False)
+    m["follows_limit"] = 1
+    with pytest.raises(schema.SchemaError, match="follows_limit"):
+        schema.decode(pack(m))
+    with pytest.raises(schema.SchemaError, match="follows_limit"):
+        schema.decode_latency(pack(m))
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])

@@ -1,0 +1,157 @@
+"""Workloads whose threads follow their limit: max(1, floor(limit)) threads, so above one core only
+whole cores help. The profile, the simulator's physics, the oracle's bound and the learned allocator
+each take it into account; a workload that reports a fixed thread count is read as before."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from typing import Any
+
+import pytest
+
+from shared.core.controller import NodeController
+from shared.core.learned import LearnedParams, LearnedPolicy
+from shared.core.oracle import OracleItem, plan_node
+from shared.core.profiles import ModelProfile
+from shared.scenarios.builtin import load
+from shared.scenarios.spec import ScenarioError, parse_scenario, scenario_to_dict
+from shared.sim.engine import simulate
+from shared.sim.physics import SimNode
+
+FOLLOWS = ModelProfile("m", work_cpu_s=10.0, threads=4, follows_limit=True)
+PINNED = ModelProfile("m", work_cpu_s=10.0, threads=4)
+
+
+def test_a_follower_runs_the_whole_cores_of_its_limit_up_to_its_threads():
+    assert [FOLLOWS.threads_at(c) for c in (None, 0.5, 1.0, 1.6, 2.0, 3.99, 7.0)] == [1, 1, 1, 1, 2, 3, 4]
+    assert [PINNED.threads_at(c) for c in (None, 0.5, 1.6, 7.0)] == [4, 4, 4, 4]
+    lat = [round(FOLLOWS.latency_s(c, 8.0), 3) for c in (0.5, 1.0, 1.6, 2.0, 3.5, 8.0)]
+    assert lat == [20.0, 10.0, 10.0, 5.0, 3.333, 2.5]
+    assert round(PINNED.latency_s(1.6, 8.0), 3) == 6.25
+    # Alone on a node, a follower is fastest under a limit of the whole node; with no limit it runs one thread.
+    assert FOLLOWS.fastest_s(8.0) == 2.5 and FOLLOWS.latency_s(None, 8.0) == 10.0
+    assert FOLLOWS.with_threads(2).follows_limit and not FOLLOWS.with_threads(2, follows_limit=False).follows_limit
+    with pytest.raises(ValueError, match="follows_limit"):
+        ModelProfile("m", work_cpu_s=1.0, follows_limit=1)  # type: ignore[arg-type]
+
+
+def test_the_simulated_node_gives_a_follower_only_the_whole_cores_of_its_limit():
+    node = SimNode("n", 8.0)
+    node.add("f", FOLLOWS, 0.0, random.Random(1), noise_sigma=0.0, limit=1.6 / 8)
+    node.add("p", PINNED, 0.0, random.Random(2), noise_sigma=0.0, limit=1.6 / 8)
+    assert node.containers["f"].rate == pytest.approx(1.0)
+    assert node.containers["p"].rate == pytest.approx(1.6)
+    node.set_limit("f", 2.0 / 8, 0.0)
+    assert node.containers["f"].rate == pytest.approx(2.0)
+    done = node.advance(5.01)
+    assert [round(b.latency_s, 3) for b in done if b.container == "f"] == [5.0]
+
+
+def test_the_oracle_counts_a_container_whose_latency_steps_over_its_band_as_met_never_in_band():
+    # 10 CPU-s a batch asked for 7 s (band 6.3-7.7): one thread takes 10 s, two take 5 s. Seven others
+    # asked for 18 s need about half a core each (the floor, an eighth of the 8 cores' half, is 0.5).
+    items = [OracleItem("x", 7.0, 0.1, FOLLOWS), *(OracleItem(f"y{i}", 18.0, 0.1, FOLLOWS) for i in range(7))]
+    plan = plan_node(items, 8.0)
+    assert plan.steps_over == ("x",) and len(plan.satisfied) == 7 and "x" not in plan.satisfied
+    assert (plan.met_count, plan.count) == (8, 7)
+    # Pinned threads reach the band at 10 / 7.7 = 1.3 cores: in band and met.
+    pinned = plan_node([dataclasses.replace(it, profile=PINNED) for it in items], 8.0)
+    assert (pinned.met_count, pinned.count, pinned.steps_over) == (8, 8, ())
+    # With room for the others only, x is met by none: the bound does not count it for free.
+    tight = plan_node(items, 5.0)
+    assert tight.met_count == tight.count == 7
+
+
+def _scenario(follows: bool, **controller: Any):
+    return parse_scenario({
+        "name": "steps", "duration_s": 600.0, "noise_sigma": 0.03,
+        "nodes": [{"name": "n1", "cores": 4.0}],
+        "models": [{"name": "m", "work_cpu_s": 10.0, "threads": 4, "follows_limit": follows}],
+        # a: 10 CPU-s in 5.2 s (band 4.68-5.72) needs two threads, so two whole cores; b, c and d need
+        # half a core each. All four start at a core each.
+        "containers": [{"name": "a", "model": "m", "objective_s": 5.2},
+                       *({"name": n, "model": "m", "objective_s": 20.0} for n in "bcd")],
+        "controller": controller,
+    })
+
+
+def test_the_learned_allocator_gives_a_follower_that_needs_two_threads_two_whole_cores():
+    res = simulate(_scenario(True), "learned", 1, record=True)
+    a = next(f for f in res.final if f.name == "a")
+    assert a.met and a.satisfied
+    assert a.limit * 4.0 == pytest.approx(2.0)  # whole cores: 1.9 would run one thread, 2.1 waste 0.1
+    assert res.met_final == 4
+    # Read as a limit of cores it may use (the earlier reading), a limit short of two cores runs one
+    # thread at 10 s a batch, which looks like a ceiling of one core: never met.
+    res0 = simulate(_scenario(True, thread_steps=0.0), "learned", 1, record=True)
+    a0 = next(f for f in res0.final if f.name == "a")
+    assert not a0.met
+    # Pinned threads: read as before, any limit above 1.92 cores (10 CPU-s in 5.2 s) will do.
+    pinned = simulate(_scenario(False), "learned", 1, record=True)
+    ap = next(f for f in pinned.final if f.name == "a")
+    assert ap.satisfied and ap.limit * 4.0 < 2.3
+
+
+def test_a_fractional_share_above_one_core_is_cut_to_whole_cores_for_a_follower():
+    # `hopeless` cannot be met (10 CPU-s in 1 s); its best effort is an equal part, whole cores of it.
+    sc = parse_scenario({
+        "name": "steps", "duration_s": 400.0, "noise_sigma": 0.03,
+        "nodes": [{"name": "n1", "cores": 5.0}],
+        "models": [{"name": "m", "work_cpu_s": 10.0, "threads": 4, "follows_limit": True}],
+        "containers": [{"name": "hopeless", "model": "m", "objective_s": 1.0},
+                       {"name": "b", "model": "m", "objective_s": 20.0}],
+    })
+    res = simulate(sc, "learned", 1, record=True)
+    h = next(f for f in res.final if f.name == "hopeless")
+    cores = h.limit * 5.0
+    assert cores >= 1.0 and cores == pytest.approx(round(cores))
+
+
+def test_the_controller_passes_on_what_the_batches_say_of_their_threads():
+    ctrl = NodeController("n1", 4.0, LearnedPolicy())
+    ctrl.add("c1", 0.0, objective_s=5.0)
+    ctrl.record_latency("c1", 6.0, 1.0, 6.0, "m@10", follows_limit=True)
+    view = ctrl.view(2.0, {})
+    assert view.containers[0].follows_limit
+    ctrl.record_latency("c1", 6.0, 3.0, 6.0, "m@10")
+    assert not ctrl.view(4.0, {}).containers[0].follows_limit
+
+
+def test_the_worker_hands_follows_limit_from_the_event_to_the_controller():
+    from bench.fuzz_inputs import Harness
+    from shared.schema import LatencyEvent
+
+    h = Harness()
+    try:
+        w = h.worker
+        w.on_latency(LatencyEvent(container="c1", node="n1", latency_s=2.9, images=10, batch=0,
+                                  model="resnet50", finished_at=time.time(), follows_limit=True))
+        assert w.ctrl.containers["c1"].follows_limit
+    finally:
+        h.close()
+
+
+def test_a_scenario_file_says_whether_a_model_follows_its_limit():
+    sc = _scenario(True)
+    assert sc.profiles["m"].follows_limit
+    again = parse_scenario(scenario_to_dict(sc))
+    assert again.profiles["m"].follows_limit
+    assert "follows_limit" not in scenario_to_dict(_scenario(False))["models"][0]
+    with pytest.raises(ScenarioError, match="follows_limit"):
+        parse_scenario({**scenario_to_dict(sc), "models": [{"name": "m", "work_cpu_s": 1.0, "follows_limit": "yes"}]})
+
+
+def test_the_threads_variant_is_the_base_clusters_with_followers():
+    base, var = load("random-cluster-40", 7), load("random-cluster-threads", 7)
+    assert var.containers == base.containers and var.nodes == base.nodes
+    assert all(p.follows_limit for p in var.profiles.values())
+    assert not any(p.follows_limit for p in base.profiles.values())
+    assert all(var.profile_of(c).threads == base.profile_of(c).threads for c in var.containers)
+
+
+def test_thread_steps_is_a_parameter_like_the_others():
+    assert LearnedParams().thread_steps == 1.0
+    with pytest.raises(ValueError, match="thread_steps"):
+        LearnedParams(thread_steps=2.0)
