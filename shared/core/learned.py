@@ -1172,7 +1172,8 @@ def _reason(plan: _Plan, curve: Curve, chance: bool = False) -> str:
     if f is None:
         return f"learned: {kind} (no clean batch yet)"
     pooled = f", its replicas' curve ±{math.sqrt(curve.height_node[2]):.2f}" if curve.height_node is not None else ""
-    return f"learned: {kind} (k {f[1]:.2f}, noise {f[5]:.2f}, {curve.n} batches{pooled})"
+    steps = ", whole cores above one: its threads follow the limit" if curve.steps else ""
+    return f"learned: {kind} (k {f[1]:.2f}, noise {f[5]:.2f}, {curve.n} batches{pooled}{steps})"
 
 
 SPEC = PolicySpec(
