@@ -105,10 +105,16 @@ def plan_containers(
 
 
 def sim_scenario(specs: Sequence[ContainerSpec], profiles: dict[str, ModelProfile], cores: float,
-                 duration_s: float, node: str = "node") -> Scenario:
+                 duration_s: float, node: str = "node", follows: bool = False) -> Scenario:
+    """The run's node in the simulator. `follows`: each workload runs max(1, floor(limit)) threads, as the
+    real ones do, each doing a core's work of its one-thread profile; else one thread whatever the limit
+    (how runs before 26 Nov 2026 were forecast, and what their summaries' bounds assume)."""
+    threads = max(1, math.floor(cores)) if follows else 1
+    if follows:
+        profiles = {m: p.with_threads(p.threads, follows_limit=True) for m, p in profiles.items()}
     return Scenario(
         name="real-node-forecast", nodes=(NodeSpec(node, cores),),
-        containers=tuple(ContainerSpec(c.name, c.model, c.objective_s, 0.0, node, threads=1) for c in specs),
+        containers=tuple(ContainerSpec(c.name, c.model, c.objective_s, 0.0, node, threads=threads) for c in specs),
         profiles=profiles, duration_s=duration_s,
         description="the real experiment's node and containers, simulated with the calibrated profiles",
     )
@@ -444,8 +450,8 @@ def measured_noise(rows: Sequence[dict[str, Any]], from_s: float) -> dict[str, A
 def _oracle_items(d: dict[str, Any], profiles: dict[str, ModelProfile], alpha: float) -> list[OracleItem]:
     """The run's containers as the oracle sees them, each with its profile from `profiles`."""
     specs = [ContainerSpec(c["name"], c["model"], c["objective_s"], 0.0, "node", threads=1) for c in d["containers"]]
-    sc = sim_scenario(specs, profiles, d["cores"], d["duration_s"])
-    return [OracleItem(c.name, c.objective_s, alpha, sc.profile_of(c)) for c in specs]
+    sc = sim_scenario(specs, profiles, d["cores"], d["duration_s"], follows=d.get("threads_follow") is True)
+    return [OracleItem(c.name, c.objective_s, alpha, sc.profile_of(c)) for c in sc.containers]
 
 
 def oracle_under_noise(d: dict[str, Any], profiles: dict[str, ModelProfile], sd: float,
@@ -584,7 +590,10 @@ def render_markdown(d: dict[str, Any], plot_rel: str | None, begin: str = BEGIN,
     lines.append(f"Run {d['started_at']} with `{d['command']}`: {len(specs)} {what}, {d['batch']} images × "
                  f"{d['resolution_px']} px a batch, threads following each limit) on a node of "
                  f"{cores:g} cores, {d['duration_s']:.0f} s per policy, the same workloads and objectives under "
-                 f"each. Profiles for the forecast: `{d['profiles']}`.")
+                 f"each. Profiles for the forecast: `{d['profiles']}`"
+                 + ("; the forecast and the oracle run each workload's threads as it does, one a whole core of "
+                    "limit, each doing the profile's one-thread work a second." if d.get("threads_follow") is True
+                    else "."))
     lines.append("")
     lines.append("| container | model | objective (s) | fastest alone (s) | " + " | ".join(
         f"{p} latency (s) / class / limit / CPU (cores)" for p in d["real"]) + " |")
@@ -872,7 +881,8 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
         _log(f"  {c.name}: {c.model}, objective {c.objective_s:g} s "
              f"(fastest alone {profiles[c.model].with_threads(1).fastest_s(cores):.2f} s)")
 
-    sc = sim_scenario(specs, profiles, cores, opts.duration_s)
+    # The workloads follow their limits; the forecast and the bounds model them so.
+    sc = sim_scenario(specs, profiles, cores, opts.duration_s, follows=True)
     sim = {p: forecast(dataclasses.replace(sc, settings={**sc.settings, **settings}), policy, opts.seed)
            for p, (policy, settings) in runs.items()}
     for p, s in sim.items():
@@ -917,6 +927,7 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
         "resolution_px": opts.resolution,
         "duration_s": opts.duration_s,
         "profiles": profiles_name,
+        "threads_follow": True,
         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s,
                         "fastest_s": round(profiles[c.model].with_threads(1).fastest_s(cores), 3)} for c in specs],
         "real": real,

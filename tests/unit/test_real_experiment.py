@@ -294,3 +294,26 @@ def test_a_file_that_is_not_a_summary_is_a_clear_error_and_writes_nothing(tmp_pa
     assert main(["experiment", "real", "--from", str(src), "--update", str(md), "--plot", str(plot)]) == 2
     assert "not a summary `dqoes experiment real` writes" in capsys.readouterr().err
     assert md.read_text() == "# Results\n" and not plot.exists()
+
+
+def test_the_forecast_and_the_bounds_run_threads_as_the_workloads_do():
+    """A ResNet-50 asked for 0.72 s where one thread takes 0.90 s: out of reach on one thread, met (faster
+    than its band) on two whole cores. Runs since 26 Nov 2026 say their workloads follow their limits
+    (`threads_follow`); summaries without it are read as one thread whatever the limit, as they were forecast."""
+    from shared.core.oracle import plan_node
+    from shared.core.profiles import ModelProfile
+
+    profiles = {"resnet50": ModelProfile("resnet50", 0.9033, batch_images=10)}
+    # Seven more asked for 1.6 s need 0.57 cores each: eight on 8 cores, the floor half a core.
+    objectives = [0.72] + [1.6] * 7
+    d = {"containers": [{"name": f"c{i + 1:02d}", "model": "resnet50", "objective_s": o} for i, o in enumerate(objectives)],
+         "cores": 8.0, "duration_s": 200.0}
+    old = plan_node(realexp._oracle_items(d, profiles, 0.1), 8.0)
+    assert old.too_slow == ("c01",) and old.met_count == 7
+    new = plan_node(realexp._oracle_items({**d, "threads_follow": True}, profiles, 0.1), 8.0)
+    assert new.steps_over == ("c01",) and (new.met_count, new.count) == (8, 7)
+    assert old.count == 7
+    specs = realexp.plan_containers(8, ["resnet50"], profiles, 8.0, objectives)
+    follows = realexp.forecast(realexp.sim_scenario(specs, profiles, 8.0, 300, follows=True), "learned")
+    assert follows["final"]["c01"]["limit"] * 8.0 == pytest.approx(2.0) and follows["met_final"] == 8
+    assert realexp.forecast(realexp.sim_scenario(specs, profiles, 8.0, 300), "learned")["met_final"] == 7
