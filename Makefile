@@ -12,7 +12,7 @@ help:
 	@echo "make bench    run the benchmarks and print figures"
 	@echo "make fuzz     10,000 generated bad inputs at every entry point (minutes)"
 	@echo "make bench-policies  every policy on 20 held-out random clusters; tables into docs/results.md"
-	@echo "make bench-stress    the same on scarce, crowded, roomy, noisy, tight-band and sticky-noise variants"
+	@echo "make bench-stress    the same on scarce, crowded, roomy, noisy, tight-band, sticky-noise and threads-follow variants"
 	@echo "make results  regenerate the generated tables in docs/results.md"
 	@echo "make figures  regenerate the figures in docs/img (Altair, rendered offline; the screenshot needs chromium)"
 	@echo "make compose-demo  the cluster demo on Docker Compose (docs/compose.md)"

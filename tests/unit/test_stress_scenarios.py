@@ -52,6 +52,8 @@ def test_the_variants_are_what_their_names_say():
     assert STRESS["random-cluster-noisy"].noise == (0.15, 0.3)
     assert STRESS["random-cluster-tight"].alpha == 0.05
     assert STRESS["random-cluster-sticky"].noise_rho == 0.6
+    assert STRESS["random-cluster-threads"].follows
+    assert [name for name, st in STRESS.items() if st.follows] == ["random-cluster-threads"]
 
 
 def test_a_tight_band_is_what_every_measure_and_policy_uses():
