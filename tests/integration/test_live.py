@@ -218,3 +218,37 @@ async def _true_or_raise(coro):
     if not await coro:
         raise AssertionError("not yet")
     return True
+
+
+FOLLOWERS = {
+    "name": "followers",
+    "duration_s": 10000,
+    "noise_sigma": 0.02,
+    "nodes": [{"name": "n1", "cores": 4}],
+    # Threads follow the limit: "two" (2 CPU-s in 1.3 s) would need 1.54 cores of one thread's work, which
+    # one thread cannot use: two whole cores (1 s a batch, met) or nothing.
+    "models": [{"name": "m", "work_cpu_s": 2.0, "threads": 4, "follows_limit": True}],
+    "containers": [
+        {"name": "two", "model": "m", "objective_s": 1.3},
+        *({"name": n, "model": "m", "objective_s": 8.0} for n in ("b", "c", "d")),
+    ],
+}
+
+
+async def test_a_simulated_node_says_its_threads_follow_and_the_learned_worker_gives_whole_cores(nats_url, tmp_path):
+    """The sim runtime's batches go out on NATS with follows_limit, the worker hands it to the learned
+    policy, and the limit it sets is two whole cores (1.9 would run one thread)."""
+    f = tmp_path / "followers.json"
+    f.write_text(json.dumps(FOLLOWERS))
+    app = await build(WorkerConfig(node="n1", nats_url=nats_url, scenario=str(f), time_scale=10.0, policy="learned",
+                                   state_interval_s=0.2, initial_interval_s=2.0))
+    task = asyncio.create_task(serve(app, handle_signals=False))
+    try:
+        ctrl = app.worker.ctrl
+        await wait_for(lambda: ctrl.containers.get("two") is not None and ctrl.containers["two"].follows_limit)
+        await wait_for(lambda: ctrl.containers["two"].limit is not None
+                       and abs(ctrl.containers["two"].limit * 4.0 - 2.0) < 1e-9, timeout_s=40.0)
+        assert app.runtime._sim.containers["two"].limit * 4.0 == pytest.approx(2.0)
+    finally:
+        app.worker.stop()
+        await task
