@@ -23,6 +23,8 @@ The model (docs/algorithms.md, "The learned allocator"):
   BINDING of it), else the CPU it actually got (CPU-seconds / latency);
 - a container that got less than its limit while the node had idle CPU is
   saturated (threads, I/O): more CPU beyond what it used does not help;
+- a container whose threads follow its limit (its batches say so) runs floor(limit)
+  of them above one core: it is read at, predicted at and given whole cores there;
 - a batch that straddled a limit change is read as the batch it would have
   been under the new limit (or dropped when a limit did not hold it), the first batch (warm-up)
   counts a little, older batches fade (half-life in batches; a second memory
