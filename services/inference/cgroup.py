@@ -31,10 +31,11 @@ parsing /proc/self/mountinfo.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from shared.core.profiles import whole_threads
 
 PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -141,6 +142,5 @@ def threads_for(limit_cores: float | None, cpus: int, default_threads: int = 1) 
     if limit_cores is None:
         threads = default_threads
     else:
-        # The epsilon keeps 2.0 from becoming 1 through float rounding.
-        threads = math.floor(limit_cores + 1e-9)
+        threads = whole_threads(limit_cores)
     return max(1, min(threads, cpus))

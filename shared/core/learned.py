@@ -72,7 +72,7 @@ from shared.core.policy import (
     check_total_resource,
     no_curves,
 )
-from shared.core.profiles import ModelProfile
+from shared.core.profiles import ModelProfile, whole_threads
 from shared.core.types import WORKLOAD_SEP, BatchObs, ContainerView, Decision, NodeView
 
 BINDING = 0.85
@@ -385,7 +385,7 @@ class Curve:
         """The cores a batch can use under this limit: the limit, or with threads that follow it, the
         whole cores of a limit above one (a limit of 1.6 runs one thread)."""
         if self.steps and limit_cores > 1.0:
-            return float(math.floor(limit_cores + 1e-9))
+            return float(whole_threads(limit_cores))
         return limit_cores
 
     def limit_for(self, cores: float) -> float:

@@ -31,6 +31,14 @@ PUBLISHED_GFLOPS = {
 }
 
 
+def whole_threads(limit_cores: float) -> int:
+    """Threads a workload that follows its CPU limit runs under `limit_cores`: the whole cores, at least one.
+
+    One rule for the inference service, the simulator's physics and the learned allocator's reading
+    of a batch; the epsilon keeps a limit of 2.0 from becoming 1 through float rounding."""
+    return max(1, math.floor(limit_cores + 1e-9))
+
+
 @dataclass(frozen=True, slots=True)
 class ModelProfile:
     """What one batch costs. CPU in cores; times in seconds."""
@@ -86,7 +94,7 @@ class ModelProfile:
             return self.threads
         if limit_cores is None:
             return 1
-        return max(1, min(self.threads, math.floor(limit_cores + 1e-9)))
+        return min(self.threads, whole_threads(limit_cores))
 
     def cpu_multiplier(self, limit_cores: float | None) -> float:
         """CPU-seconds per batch relative to an unthrottled batch, under a quota."""
