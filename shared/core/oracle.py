@@ -2,9 +2,10 @@
 
 It knows every container's latency curve (its model profile), which no real
 controller does, and solves the static problem exactly: choose limits, each in
-[1/(2|C|), T_R] like DQoES's, with the containers' average CPU use summing to
-at most the node, maximising how many containers land inside +-alpha of their
-objective. With a value of one per container this knapsack is solved exactly
+[1/(2|C|), T_R] like DQoES's (from one core where the floor is more, for a
+workload whose threads follow its limit: with no limit it runs one thread),
+with the containers' average CPU use summing to at most the node, maximising
+how many containers land inside +-alpha of their objective. With a value of one per container this knapsack is solved exactly
 by taking the cheapest extra CPU first. Its count is the "physical limit"
 other policies are measured against: every container needs at least the
 average CPU its slowest acceptable batch burns, and no policy can hand out
@@ -16,6 +17,7 @@ use, not on limits, because batches with non-CPU overhead leave CPU for others
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -98,22 +100,54 @@ def average_use(p: ModelProfile, limit: float, node_cores: float) -> float:
     return cpu_s / (cpu_s / rate + p.overhead_s) / node_cores
 
 
+def lowest_limit(p: ModelProfile, floor: float, node_cores: float) -> float:
+    """The least limit (fraction of the node) the plan weighs for a workload: the floor, or for one whose
+    threads follow its limit, one core where that is less. With no limit such a workload runs one
+    thread, the state of a one-core limit, which a policy that never limits it reaches below the floor;
+    limits between one core and the floor change only its thread count, so from three cores of floor up
+    the plan weighs a few states a floor-keeping policy cannot reach (a looser bound, never a wrong one)."""
+    return min(floor, 1.0 / node_cores) if p.follows_limit else floor
+
+
+def shared_reading(p: ModelProfile) -> ModelProfile:
+    """The curve a workload can reach on a shared node, for the bound: its threads at any rate up to
+    their count, without a quota's penalty.
+
+    Why: under a limit above its need, a workload's threads get what CFS leaves them, any rate below
+    the limit. A workload whose threads follow its limit runs whole cores under a limit alone, but on an
+    over-subscribed node four threads under a four-core limit ran at 3.6 cores, in a band every limit
+    alone stepped over (DQoES beat the stepped bound in property testing); and a quota's efficiency
+    penalty does not apply to a rate CFS sets. Loose where no policy can arrange that sharing, never wrong.
+    """
+    if not p.follows_limit and not p.efficiency:
+        return p
+    return dataclasses.replace(p, follows_limit=False, efficiency=())
+
+
 def plan_node(
-    items: Sequence[OracleItem], node_cores: float, total_resource: float = 1.0
+    items: Sequence[OracleItem], node_cores: float, total_resource: float = 1.0, sharing: bool = True
 ) -> OraclePlan:
-    """Exact count-maximising static allocation for one node."""
+    """Exact count-maximising static allocation for one node.
+
+    sharing: the bound, with each curve as sharing the node can reach it (`shared_reading`); False: the
+    plan limits alone reach (a follower's whole cores, a quota's penalty), which the oracle policy sets."""
     n = len(items)
     if n == 0:
         return OraclePlan({}, (), (), (), ())
     floor = floor_limit(n)
     cap = total_resource
+    low = {it.name: lowest_limit(it.profile, floor, node_cores) for it in items}
+    if sharing:
+        items = [dataclasses.replace(it, profile=shared_reading(it.profile)) for it in items]
+    by_name = {it.name: it for it in items}
 
     def use(p: ModelProfile, limit: float) -> float:
         return average_use(p, limit, node_cores)
 
-    def limit_for(p: ModelProfile, target_use: float) -> float:
+    def limit_for(k: str, target_use: float) -> float:
         # Average use grows with the limit: bisect for the limit that uses target_use.
-        a, b = floor, cap
+        p = by_name[k].profile
+        a, b = low[k], cap
         if use(p, b) <= target_use:
             return b
         for _ in range(60):
@@ -131,8 +165,8 @@ def plan_node(
     for it in items:
         slow_edge = (1 + it.alpha) * it.objective_s * (1 + _SLACK)
         fast_edge = (1 - it.alpha) * it.objective_s * (1 - _SLACK)
-        need = limit_for_latency(it.profile, slow_edge, node_cores, lo=floor, hi=cap)
-        most = limit_for_min_latency(it.profile, fast_edge, node_cores, lo=floor, hi=cap)
+        need = limit_for_latency(it.profile, slow_edge, node_cores, lo=low[it.name], hi=cap)
+        most = limit_for_min_latency(it.profile, fast_edge, node_cores, lo=low[it.name], hi=cap)
         if need is None:
             too_slow.append(it.name)
         elif most is None:
@@ -142,24 +176,23 @@ def plan_node(
             over[it.name] = need
         else:
             lo[it.name], hi[it.name] = need, most
-    by_name = {it.name: it for it in items}
-    limits = {it.name: floor for it in items}
-    budget = 1.0 - sum(use(it.profile, floor) for it in items)
+    limits = dict(low)
+    budget = 1.0 - sum(use(it.profile, low[it.name]) for it in items)
     met_most = None
     if over:
         # Met: the most containers whose extra CPU to be met fits, cheapest first (unit values).
         left, met_most = budget, len(too_fast)
-        for extra in sorted(use(by_name[k].profile, v) - use(by_name[k].profile, floor)
+        for extra in sorted(use(by_name[k].profile, v) - use(by_name[k].profile, low[k])
                             for k, v in (*lo.items(), *over.items())):
             if extra <= left + _EPS:
                 left -= extra
                 met_most += 1
     chosen: list[str] = []
     no_room: list[str] = []
-    order = sorted(lo, key=lambda k: (use(by_name[k].profile, lo[k]) - use(by_name[k].profile, floor), k))
+    order = sorted(lo, key=lambda k: (use(by_name[k].profile, lo[k]) - use(by_name[k].profile, low[k]), k))
     for k in order:
         p = by_name[k].profile
-        extra = use(p, lo[k]) - use(p, floor)
+        extra = use(p, lo[k]) - use(p, low[k])
         if extra <= budget + _EPS:
             budget -= extra
             limits[k] = lo[k]
@@ -170,7 +203,7 @@ def plan_node(
     wants = []
     for k in chosen:
         it = by_name[k]
-        centre = limit_for_latency(it.profile, it.objective_s, node_cores, lo=floor, hi=cap)
+        centre = limit_for_latency(it.profile, it.objective_s, node_cores, lo=low[k], hi=cap)
         if centre is not None:
             target = min(max(centre, lo[k]), hi[k])
             wants.append((use(it.profile, target) - use(it.profile, lo[k]), k, target))
@@ -183,10 +216,10 @@ def plan_node(
             limits[k] = target
         elif budget > _EPS:
             # Partial step: the limit that uses exactly the rest.
-            limits[k] = limit_for(p, use(p, limits[k]) + budget)
+            limits[k] = limit_for(k, use(p, limits[k]) + budget)
             budget = 0.0
     # The rest goes to the unachievable, whose latency it can only improve.
-    slow = [k for k in too_slow + no_room + sorted(over) if use(by_name[k].profile, cap) > use(by_name[k].profile, floor)]
+    slow = [k for k in too_slow + no_room + sorted(over) if use(by_name[k].profile, cap) > use(by_name[k].profile, low[k])]
     while budget > _EPS and slow:
         share = budget / len(slow)
         still = []
@@ -194,7 +227,7 @@ def plan_node(
             p = by_name[k].profile
             room = use(p, cap) - use(p, limits[k])
             give = min(room, share)
-            limits[k] = limit_for(p, use(p, limits[k]) + give)
+            limits[k] = limit_for(k, use(p, limits[k]) + give)
             budget -= give
             if room - give > _EPS:
                 still.append(k)
@@ -239,7 +272,7 @@ class OraclePolicy(PolicyBase):
             curve = self.curve_of(c.name)
             if curve is not None:
                 items.append(OracleItem(c.name, c.objective_s, c.alpha, curve))
-        plan = plan_node(items, view.cores, self.params.total_resource)
+        plan = plan_node(items, view.cores, self.params.total_resource, sharing=False)
         under_noise = self.params.noise_aware >= 0.5 and self.noise_sd > 0
         if under_noise:
             key = (tuple(items), view.cores, self.noise_sd, self.params.total_resource)
@@ -288,7 +321,7 @@ SPEC = PolicySpec(
 # band. What any policy can expect is bounded by the best allocation of expected counts.
 
 NOISE_GRID = 160
-"""Limits tried per container between the floor and the cap (geometric), for the ceilings below."""
+"""Limits tried per container between its lowest limit and the cap (geometric), for the ceilings below."""
 
 
 def latency_cdf(p: ModelProfile, limit: float, node_cores: float, latency_s: float, sigma: float) -> float:
@@ -351,23 +384,30 @@ def expected_plan(
 
     Known curves and known noise: the oracle's best under noise (shared.core.allocate on a grid of
     limits). met_ceiling and in_band_ceiling are the LP bounds of the same problem with only met
-    or only in band as the value: each alone, no one allocation need reach both."""
+    or only in band as the value, each curve as sharing the node can reach it (`shared_reading`):
+    each alone, no one allocation need reach both."""
     if not items:
         return Expected(0.0, 0.0, 0.0, {}, 0.0, 0.0)
     floor = floor_limit(len(items))
-    grid = _grid(floor, total_resource)
-    tables = [_table(it, grid, node_cores, sigma) for it in items]
+    grids = [_grid(lowest_limit(it.profile, floor, node_cores), total_resource) for it in items]
+    tables = [_table(it, grid, node_cores, sigma) for it, grid in zip(items, grids, strict=True)]
+    # The ceilings take each curve as sharing the node can reach it; the allocation, what limits reach.
+    bound_tables = [
+        t if shared_reading(it.profile) is it.profile
+        else _table(dataclasses.replace(it, profile=shared_reading(it.profile)), grid, node_cores, sigma)
+        for it, grid, t in zip(items, grids, tables, strict=True)
+    ]
 
-    def solve(value) -> Choice:
-        return choose([[(row[0], value(row)) for row in t] for t in tables], 1.0)
+    def solve(rows, value) -> Choice:
+        return choose([[(row[0], value(row)) for row in t] for t in rows], 1.0)
 
-    met_ceiling = solve(lambda r: r[1]).bound
-    band_ceiling = solve(lambda r: r[2]).bound
-    plan = solve(lambda r: r[1] + in_band_weight * r[2])
+    met_ceiling = solve(bound_tables, lambda r: r[1]).bound
+    band_ceiling = solve(bound_tables, lambda r: r[2]).bound
+    plan = solve(tables, lambda r: r[1] + in_band_weight * r[2])
     rows = [t[j] for t, j in zip(tables, plan.picks, strict=True)]
     return Expected(
         sum(r[1] for r in rows), sum(r[2] for r in rows), sum(r[0] for r in rows),
-        {it.name: grid[j] for it, j in zip(items, plan.picks, strict=True)},
+        {it.name: grid[j] for it, grid, j in zip(items, grids, plan.picks, strict=True)},
         min(met_ceiling, len(items)), min(band_ceiling, len(items)),
         lower_median_count([r[1] for r in rows]), lower_median_count([r[2] for r in rows]),
     )

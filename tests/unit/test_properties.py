@@ -69,10 +69,7 @@ def small_scenarios(draw):
     n = draw(st.integers(1, 6))
     models = dict(BUILTIN_PROFILES)
     models["tiny"] = ModelProfile("tiny", draw(st.floats(1, 20)), draw(st.integers(1, 4)),
-                                  overhead_s=draw(st.sampled_from([0.0, 1.0])))
-    # Fixed threads only: with threads that follow the limit, no limit at all runs one thread, which
-    # can sit in a band that every limit from the floor up steps over; the bound does not weigh that
-    # state yet (docs/algorithms.md, "The oracle").
+                                  overhead_s=draw(st.sampled_from([0.0, 1.0])), follows_limit=draw(st.booleans()))
     containers = tuple(
         ContainerSpec(
             f"c{i}",
@@ -89,7 +86,24 @@ def small_scenarios(draw):
     return Scenario("prop", (NodeSpec("n1", cores),), containers, models, 900.0, noise_sigma=0.0)
 
 
+# Found by this test: one follower (one thread with no limit, in its band) whose every limit from the floor
+# (2.3 cores, two threads) up is faster than the band; the bound now weighs its one-thread state.
+_UNLIMITED_FOLLOWER = Scenario(
+    "prop", (NodeSpec("n1", 4.6),), (ContainerSpec("c0", "tiny", 2.0),),
+    {**BUILTIN_PROFILES, "tiny": ModelProfile("tiny", 1.0, 2, overhead_s=1.0, follows_limit=True)},
+    900.0, noise_sigma=0.0)
+
+
+# Found next: DQoES over-subscribed the node, and CFS held c1's four threads at 3.6 cores, in a band
+# every limit alone steps over; the bound now reads a follower as sharing can run it.
+_SHARED_FOLLOWER = Scenario(
+    "prop", (NodeSpec("n1", 4.6),), (ContainerSpec("c0", "tiny", 8.0), ContainerSpec("c1", "tiny", 2.0)),
+    {**BUILTIN_PROFILES, "tiny": ModelProfile("tiny", 7.0, 4, follows_limit=True)}, 900.0, noise_sigma=0.0)
+
+
 @given(small_scenarios(), st.integers(1, 1000))
+@example(_UNLIMITED_FOLLOWER, 1)
+@example(_SHARED_FOLLOWER, 1)
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 def test_no_policy_beats_the_oracle(sc, seed):
     bound = None

@@ -13,7 +13,7 @@ import pytest
 
 from shared.core.controller import NodeController
 from shared.core.learned import LearnedParams, LearnedPolicy
-from shared.core.oracle import OracleItem, plan_node
+from shared.core.oracle import OracleItem, expected_plan, plan_node
 from shared.core.profiles import ModelProfile
 from shared.scenarios.builtin import load
 from shared.scenarios.spec import ScenarioError, parse_scenario, scenario_to_dict
@@ -49,19 +49,55 @@ def test_the_simulated_node_gives_a_follower_only_the_whole_cores_of_its_limit()
     assert [round(b.latency_s, 3) for b in done if b.container == "f"] == [5.0]
 
 
-def test_the_oracle_counts_a_container_whose_latency_steps_over_its_band_as_met_never_in_band():
+def test_the_oracles_plan_counts_a_container_whose_latency_steps_over_its_band_as_met_never_in_band():
     # 10 CPU-s a batch asked for 7 s (band 6.3-7.7): one thread takes 10 s, two take 5 s. Seven others
     # asked for 18 s need about half a core each (the floor, an eighth of the 8 cores' half, is 0.5).
     items = [OracleItem("x", 7.0, 0.1, FOLLOWS), *(OracleItem(f"y{i}", 18.0, 0.1, FOLLOWS) for i in range(7))]
-    plan = plan_node(items, 8.0)
+    plan = plan_node(items, 8.0, sharing=False)
     assert plan.steps_over == ("x",) and len(plan.satisfied) == 7 and "x" not in plan.satisfied
     assert (plan.met_count, plan.count) == (8, 7)
     # Pinned threads reach the band at 10 / 7.7 = 1.3 cores: in band and met.
-    pinned = plan_node([dataclasses.replace(it, profile=PINNED) for it in items], 8.0)
+    pinned = plan_node([dataclasses.replace(it, profile=PINNED) for it in items], 8.0, sharing=False)
     assert (pinned.met_count, pinned.count, pinned.steps_over) == (8, 8, ())
-    # With room for the others only, x is met by none: the bound does not count it for free.
-    tight = plan_node(items, 5.0)
+    # With room for the others only, x is met by none: the plan does not count it for free.
+    tight = plan_node(items, 5.0, sharing=False)
     assert tight.met_count == tight.count == 7
+    # The bound reads x as sharing an over-subscribed node could run it (two threads at 1.3 cores), as
+    # pinned threads: it never counts less than any policy reaches, so here it counts x in band.
+    bound = plan_node(items, 8.0)
+    assert (bound.met_count, bound.count, bound.steps_over) == (8, 8, ())
+
+
+def test_the_bound_counts_what_sharing_an_over_subscribed_node_gives_a_follower():
+    # Found by the property test: DQoES gave c1 (four threads following its limit, 7 CPU-s asked for
+    # 2 s: three threads take 2.33 s, four 1.75 s) a limit above four cores beside c0's one thread on
+    # 4.6 cores; CFS left it 3.6 cores, 1.94 s, in band, which no limit alone gives.
+    tiny = ModelProfile("tiny", 7.0, 4, follows_limit=True)
+    items = [OracleItem("c0", 8.0, 0.1, tiny), OracleItem("c1", 2.0, 0.1, tiny)]
+    node = SimNode("n", 4.6)
+    node.add("c0", tiny, 0.0, random.Random(1), noise_sigma=0.0, limit=0.25)
+    node.add("c1", tiny, 0.0, random.Random(2), noise_sigma=0.0, limit=0.8804)
+    assert node.containers["c1"].rate == pytest.approx(3.6)
+    assert plan_node(items, 4.6, sharing=False).count == 0 and plan_node(items, 4.6).count == 1
+    assert expected_plan(items, 4.6, 0.01).in_band_ceiling == pytest.approx(1.0, abs=0.05)
+
+
+def test_the_oracle_weighs_the_one_thread_a_follower_runs_with_no_limit():
+    # One follower alone on 4.6 cores: the floor is 2.3 cores (two threads, 0.5 + 1 s = 1.5 s), faster
+    # than its band around 2 s; with no limit it runs one thread (1 + 1 s = 2 s), in band. That is the
+    # state of a one-core limit, which the plan now takes below the floor.
+    tiny = ModelProfile("tiny", 1.0, 2, overhead_s=1.0, follows_limit=True)
+    plan = plan_node([OracleItem("c0", 2.0, 0.1, tiny)], 4.6)
+    assert (plan.count, plan.met_count, plan.satisfied) == (1, 1, ("c0",))
+    assert plan.limits["c0"] * 4.6 == pytest.approx(1.0)
+    ex = expected_plan([OracleItem("c0", 2.0, 0.1, tiny)], 4.6, 0.01)
+    assert ex.in_band_ceiling == pytest.approx(1.0, abs=0.01) and ex.limits["c0"] * 4.6 == pytest.approx(1.0)
+    # Pinned at two threads it has no such state: too fast at the floor, met and never in band.
+    pinned = plan_node([OracleItem("c0", 2.0, 0.1, dataclasses.replace(tiny, follows_limit=False))], 4.6)
+    assert (pinned.count, pinned.met_count, pinned.too_fast) == (0, 1, ("c0",))
+    # Where the floor is a core or less, nothing changes: the plan starts at the floor.
+    many = [OracleItem(f"c{i}", 2.0, 0.1, tiny) for i in range(3)]
+    assert min(plan_node(many, 4.6).limits.values()) >= 1 / 6 - 1e-12
 
 
 def _scenario(follows: bool, **controller: Any):
