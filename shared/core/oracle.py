@@ -199,6 +199,13 @@ def plan_node(
             chosen.append(k)
         else:
             no_room.append(k)
+    # Met, cheapest first, for those whose latency steps over their band, before any is centred.
+    met_over = []
+    for extra, k in sorted((use(by_name[k].profile, v) - use(by_name[k].profile, low[k]), k) for k, v in over.items()):
+        if extra <= budget + _EPS:
+            budget -= extra
+            limits[k] = over[k]
+            met_over.append(k)
     # Spend what is left moving chosen containers towards the band's centre.
     wants = []
     for k in chosen:
@@ -219,7 +226,8 @@ def plan_node(
             limits[k] = limit_for(k, use(p, limits[k]) + budget)
             budget = 0.0
     # The rest goes to the unachievable, whose latency it can only improve.
-    slow = [k for k in too_slow + no_room + sorted(over) if use(by_name[k].profile, cap) > use(by_name[k].profile, low[k])]
+    slow = [k for k in too_slow + no_room + sorted(set(over) - set(met_over))
+            if use(by_name[k].profile, cap) > use(by_name[k].profile, low[k])]
     while budget > _EPS and slow:
         share = budget / len(slow)
         still = []
@@ -294,6 +302,8 @@ class OraclePolicy(PolicyBase):
                 if c.name in plan.too_fast
                 else "oracle: unachievable"
                 if c.name in plan.too_slow
+                else "oracle: steps over its band (met from a whole core on)"
+                if c.name in plan.steps_over
                 else "oracle: no room"
             )
             ups[c.name] = (plan.limits[c.name], why)

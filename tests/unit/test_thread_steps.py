@@ -13,7 +13,7 @@ import pytest
 
 from shared.core.controller import NodeController
 from shared.core.learned import LearnedParams, LearnedPolicy
-from shared.core.oracle import OracleItem, expected_plan, plan_node
+from shared.core.oracle import OracleItem, average_use, expected_plan, plan_node
 from shared.core.profiles import ModelProfile
 from shared.scenarios.builtin import load
 from shared.scenarios.spec import ScenarioError, parse_scenario, scenario_to_dict
@@ -66,6 +66,21 @@ def test_the_oracles_plan_counts_a_container_whose_latency_steps_over_its_band_a
     # pinned threads: it never counts less than any policy reaches, so here it counts x in band.
     bound = plan_node(items, 8.0)
     assert (bound.met_count, bound.count, bound.steps_over) == (8, 8, ())
+
+
+def test_the_oracles_plan_meets_a_container_that_steps_over_its_band_before_centring_others():
+    # x (10 CPU-s asked for 7 s) is met from two whole cores on; seven one-thread y's asked for 18 s are
+    # in band from 0.505 cores and centred at 0.556. On 5.8 cores, after the y's needs, 1.90 cores are
+    # left: enough for x's two cores (1.64 more than its floor), not once the y's are centred (0.36).
+    pinned_one = ModelProfile("y", work_cpu_s=10.0, threads=1)
+    items = [OracleItem("x", 7.0, 0.1, FOLLOWS), *(OracleItem(f"y{i}", 18.0, 0.1, pinned_one) for i in range(7))]
+    plan = plan_node(items, 5.8, sharing=False)
+    assert plan.steps_over == ("x",) and plan.count == 7 and plan.met_count == 8
+    assert plan.limits["x"] * 5.8 == pytest.approx(2.0)
+    assert FOLLOWS.latency_s(plan.limits["x"] * 5.8, 5.8) <= 7.7
+    assert sum(average_use(it.profile, plan.limits[it.name], 5.8) for it in items) <= 1.0 + 1e-9
+    for it in items[1:]:
+        assert 16.2 <= it.profile.latency_s(plan.limits[it.name] * 5.8, 5.8) <= 19.8 * (1 + 1e-6)  # the band, a hair wide
 
 
 def test_the_bound_counts_what_sharing_an_over_subscribed_node_gives_a_follower():
