@@ -5,14 +5,17 @@ controller does, and solves the static problem exactly: choose limits, each in
 [1/(2|C|), T_R] like DQoES's (from one core where the floor is more, for a
 workload whose threads follow its limit: with no limit it runs one thread),
 with the containers' average CPU use summing to at most the node, maximising
-how many containers land inside +-alpha of their objective. With a value of one per container this knapsack is solved exactly
-by taking the cheapest extra CPU first. Its count is the "physical limit"
-other policies are measured against: every container needs at least the
-average CPU its slowest acceptable batch burns, and no policy can hand out
-more CPU than the node has (a container held at the floor, or sharing by CFS,
-still burns at least the floor's worth). The capacity constraint is on average
-use, not on limits, because batches with non-CPU overhead leave CPU for others
-(a bound on limits was beaten by default Swarm in property testing).
+how many containers land inside +-alpha of their objective. With a value of
+one per container this knapsack is solved exactly by taking the cheapest
+extra CPU first. Its count is the "physical limit" other policies are
+measured against: every container needs at least the average CPU its slowest
+acceptable batch burns, and no policy can hand out more CPU than the node has
+(a container held at the floor, or sharing by CFS, still burns at least the
+floor's worth). The capacity constraint is on average use, not on limits,
+because batches with non-CPU overhead leave CPU for others (a bound on limits
+was beaten by default Swarm in property testing). For the count each curve is
+read as sharing the node can reach it (`shared_reading`); the limits the
+oracle policy sets are solved for what limits alone reach.
 """
 
 from __future__ import annotations
