@@ -147,6 +147,10 @@ def plan_node(
     def use(p: ModelProfile, limit: float) -> float:
         return average_use(p, limit, node_cores)
 
+    def extra(k: str, limit: float) -> float:
+        """What container k burns at this limit beyond its lowest."""
+        return use(by_name[k].profile, limit) - use(by_name[k].profile, low[k])
+
     def limit_for(k: str, target_use: float) -> float:
         # Average use grows with the limit: bisect for the limit that uses target_use.
         p = by_name[k].profile
@@ -185,28 +189,25 @@ def plan_node(
     if over:
         # Met: the most containers whose extra CPU to be met fits, cheapest first (unit values).
         left, met_most = budget, len(too_fast)
-        for extra in sorted(use(by_name[k].profile, v) - use(by_name[k].profile, low[k])
-                            for k, v in (*lo.items(), *over.items())):
-            if extra <= left + _EPS:
-                left -= extra
+        for more in sorted(extra(k, v) for k, v in (*lo.items(), *over.items())):
+            if more <= left + _EPS:
+                left -= more
                 met_most += 1
     chosen: list[str] = []
     no_room: list[str] = []
-    order = sorted(lo, key=lambda k: (use(by_name[k].profile, lo[k]) - use(by_name[k].profile, low[k]), k))
-    for k in order:
-        p = by_name[k].profile
-        extra = use(p, lo[k]) - use(p, low[k])
-        if extra <= budget + _EPS:
-            budget -= extra
+    for k in sorted(lo, key=lambda k: (extra(k, lo[k]), k)):
+        more = extra(k, lo[k])
+        if more <= budget + _EPS:
+            budget -= more
             limits[k] = lo[k]
             chosen.append(k)
         else:
             no_room.append(k)
     # Met, cheapest first, for those whose latency steps over their band, before any is centred.
     met_over = []
-    for extra, k in sorted((use(by_name[k].profile, v) - use(by_name[k].profile, low[k]), k) for k, v in over.items()):
-        if extra <= budget + _EPS:
-            budget -= extra
+    for more, k in sorted((extra(k, v), k) for k, v in over.items()):
+        if more <= budget + _EPS:
+            budget -= more
             limits[k] = over[k]
             met_over.append(k)
     # Spend what is left moving chosen containers towards the band's centre.
@@ -217,20 +218,19 @@ def plan_node(
         if centre is not None:
             target = min(max(centre, lo[k]), hi[k])
             wants.append((use(it.profile, target) - use(it.profile, lo[k]), k, target))
-    for extra, k, target in sorted(wants):
-        if extra <= 0:
+    for more, k, target in sorted(wants):
+        if more <= 0:
             continue
         p = by_name[k].profile
-        if extra <= budget + _EPS:
-            budget -= extra
+        if more <= budget + _EPS:
+            budget -= more
             limits[k] = target
         elif budget > _EPS:
             # Partial step: the limit that uses exactly the rest.
             limits[k] = limit_for(k, use(p, limits[k]) + budget)
             budget = 0.0
     # The rest goes to the unachievable, whose latency it can only improve.
-    slow = [k for k in too_slow + no_room + sorted(set(over) - set(met_over))
-            if use(by_name[k].profile, cap) > use(by_name[k].profile, low[k])]
+    slow = [k for k in too_slow + no_room + sorted(set(over) - set(met_over)) if extra(k, cap) > 0]
     while budget > _EPS and slow:
         share = budget / len(slow)
         still = []
@@ -405,11 +405,11 @@ def expected_plan(
     grids = [_grid(lowest_limit(it.profile, floor, node_cores), total_resource) for it in items]
     tables = [_table(it, grid, node_cores, sigma) for it, grid in zip(items, grids, strict=True)]
     # The ceilings take each curve as sharing the node can reach it; the allocation, what limits reach.
-    bound_tables = [
-        t if shared_reading(it.profile) is it.profile
-        else _table(dataclasses.replace(it, profile=shared_reading(it.profile)), grid, node_cores, sigma)
-        for it, grid, t in zip(items, grids, tables, strict=True)
-    ]
+    bound_tables = []
+    for it, grid, t in zip(items, grids, tables, strict=True):
+        reach = shared_reading(it.profile)
+        bound_tables.append(t if reach is it.profile
+                            else _table(dataclasses.replace(it, profile=reach), grid, node_cores, sigma))
 
     def solve(rows, value) -> Choice:
         return choose([[(row[0], value(row)) for row in t] for t in rows], 1.0)

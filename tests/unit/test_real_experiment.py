@@ -314,7 +314,8 @@ def test_the_forecast_and_the_bounds_run_threads_as_the_workloads_do():
     new = plan_node(follow_items, 8.0, sharing=False)
     assert new.steps_over == ("c01",) and (new.met_count, new.count) == (8, 7)
     # The bound: sharing an over-subscribed node can hold its two threads at 1.25 cores, in band.
-    assert (plan_node(follow_items, 8.0).met_count, plan_node(follow_items, 8.0).count) == (8, 8)
+    bound = plan_node(follow_items, 8.0)
+    assert (bound.met_count, bound.count) == (8, 8)
     assert old.count == 7
     specs = realexp.plan_containers(8, ["resnet50"], profiles, 8.0, objectives)
     follows = realexp.forecast(realexp.sim_scenario(specs, profiles, 8.0, 300, follows=True), "learned")
