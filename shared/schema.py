@@ -239,9 +239,9 @@ class ContainerState(Checked):
     throttled_ratio: float | None = checked(optional(FRACTION), default=None)
     """v3: share of CFS periods throttled since the previous reading (cpu.stat); None: not measured."""
     last_batch_at: float | None = checked(optional(UNIX_S), default=None)
+    """v3: when the worker last heard a batch from it (unix s); None: never."""
     stale: bool = checked(boolean, default=False)
     """No batch for longer than the worker's stale threshold: its limit is kept, it is not met."""
-    """v3: when the worker last heard a batch from it (unix s); None: never."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
