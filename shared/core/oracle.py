@@ -193,23 +193,24 @@ def plan_node(
             if more <= left + _EPS:
                 left -= more
                 met_most += 1
-    chosen: list[str] = []
-    no_room: list[str] = []
-    for k in sorted(lo, key=lambda k: (extra(k, lo[k]), k)):
-        more = extra(k, lo[k])
-        if more <= budget + _EPS:
-            budget -= more
-            limits[k] = lo[k]
-            chosen.append(k)
-        else:
-            no_room.append(k)
-    # Met, cheapest first, for those whose latency steps over their band, before any is centred.
-    met_over = []
-    for more, k in sorted((extra(k, v), k) for k, v in over.items()):
-        if more <= budget + _EPS:
-            budget -= more
-            limits[k] = over[k]
-            met_over.append(k)
+
+    def cheapest_first(targets: dict[str, float]) -> tuple[list[str], list[str]]:
+        """Set each container to its target, cheapest extra CPU first, while the budget lasts:
+        (those set, those left out)."""
+        nonlocal budget
+        taken, left_out = [], []
+        for more, k in sorted((extra(k, v), k) for k, v in targets.items()):
+            if more <= budget + _EPS:
+                budget -= more
+                limits[k] = targets[k]
+                taken.append(k)
+            else:
+                left_out.append(k)
+        return taken, left_out
+
+    chosen, no_room = cheapest_first(lo)
+    # Met, for those whose latency steps over their band, before any is centred.
+    met_over, _ = cheapest_first(over)
     # Spend what is left moving chosen containers towards the band's centre.
     wants = []
     for k in chosen:
