@@ -194,6 +194,35 @@ def plan_node(
                 left -= more
                 met_most += 1
 
+    def grow(k: str, more: float) -> float:
+        """Raise k's limit to use up to `more` beyond what it uses now, charging the budget what it
+        does use (a step function, such as whole cores, may take less): that amount."""
+        nonlocal budget
+        p = by_name[k].profile
+        now = use(p, limits[k])
+        new = limit_for(k, now + more)
+        gained = use(p, new) - now
+        if gained <= 0:
+            return 0.0
+        limits[k] = new
+        budget -= gained
+        return gained
+
+    def next_step(k: str) -> float:
+        """What k's next rise in use costs (inf: none below the cap)."""
+        p = by_name[k].profile
+        now = use(p, limits[k])
+        if use(p, cap) <= now + _EPS:
+            return math.inf
+        a, b = limits[k], cap
+        for _ in range(60):
+            m = (a + b) / 2
+            if use(p, m) <= now + _EPS:
+                a = m
+            else:
+                b = m
+        return use(p, b) - now
+
     def cheapest_first(targets: dict[str, float]) -> tuple[list[str], list[str]]:
         """Set each container to its target, cheapest extra CPU first, while the budget lasts:
         (those set, those left out)."""
@@ -222,28 +251,28 @@ def plan_node(
     for more, k, target in sorted(wants):
         if more <= 0:
             continue
-        p = by_name[k].profile
         if more <= budget + _EPS:
             budget -= more
             limits[k] = target
         elif budget > _EPS:
-            # Partial step: the limit that uses exactly the rest.
-            limits[k] = limit_for(k, use(p, limits[k]) + budget)
-            budget = 0.0
+            # Partial step: the most the rest buys (a follower's whole cores may leave some of it over).
+            grow(k, budget)
     # The rest goes to the unachievable, whose latency it can only improve.
     slow = [k for k in too_slow + no_room + sorted(set(over) - set(met_over)) if extra(k, cap) > 0]
     while budget > _EPS and slow:
         share = budget / len(slow)
-        still = []
+        moved = False
         for k in slow:
-            p = by_name[k].profile
-            room = use(p, cap) - use(p, limits[k])
-            give = min(room, share)
-            limits[k] = limit_for(k, use(p, limits[k]) + give)
-            budget -= give
-            if room - give > _EPS:
-                still.append(k)
-        slow = still
+            moved = grow(k, share) > _EPS or moved
+        slow = [k for k in slow if extra(k, cap) - extra(k, limits[k]) > _EPS]
+        if not moved:
+            # Every next step (a whole core, for threads that follow the limit) costs more than an equal
+            # share: the steps the rest pays for, cheapest first, one each.
+            for cost, k in sorted((next_step(k), k) for k in slow):
+                if cost <= budget + _EPS and grow(k, cost) > _EPS:
+                    moved = True
+            if not moved:
+                break
     return OraclePlan(limits, tuple(sorted(chosen)), tuple(too_fast), tuple(too_slow), tuple(no_room),
                       tuple(sorted(over)), met_most)
 

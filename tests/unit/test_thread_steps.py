@@ -97,6 +97,42 @@ def test_the_bound_counts_what_sharing_an_over_subscribed_node_gives_a_follower(
     assert expected_plan(items, 4.6, 0.01).in_band_ceiling == pytest.approx(1.0, abs=0.05)
 
 
+def test_the_oracle_splits_what_is_left_among_unachievable_followers_in_whole_cores():
+    # Three followers that no limit meets, on 8 cores: what is left after their one core each was
+    # charged in full shares of 2.33 cores, each running two threads, while the rest of the node
+    # bought nothing (two cores idle). Charged what each step uses, it is three, three and two.
+    slow = ModelProfile("slow", work_cpu_s=40.0, threads=8, follows_limit=True)
+    items = [OracleItem(k, 1.0, 0.1, slow) for k in "abc"]
+    plan = plan_node(items, 8.0, sharing=False)
+    assert plan.too_slow == ("a", "b", "c")
+    assert sorted(slow.threads_at(plan.limits[k] * 8.0) for k in "abc") == [2, 3, 3]
+    assert sum(average_use(slow, plan.limits[k], 8.0) for k in "abc") == pytest.approx(1.0)
+
+
+def test_the_oracle_never_leaves_a_core_idle_that_a_followers_next_thread_could_use():
+    rng = random.Random(7)
+    for _ in range(300):
+        cores = rng.choice([2.0, 4.0, 8.0, 16.0])
+        items = [
+            OracleItem(f"c{i}", rng.uniform(0.5, 20.0), 0.1, ModelProfile(
+                f"m{i}", work_cpu_s=rng.uniform(1.0, 40.0), threads=rng.choice([1, 2, 4, 8, 16]),
+                overhead_s=rng.choice([0.0, 0.1, 1.0]), follows_limit=rng.random() < 0.7))
+            for i in range(rng.randint(1, 6))
+        ]
+        plan = plan_node(items, cores, sharing=False)
+        used = sum(average_use(it.profile, plan.limits[it.name], cores) for it in items)
+        assert used <= 1.0 + 1e-9
+        for it in items:
+            now = plan.limits[it.name]
+            met = it.profile.latency_s(now * cores, cores) <= (1 + it.alpha) * it.objective_s
+            if it.name not in (*plan.too_slow, *plan.no_room, *plan.steps_over) or met or not it.profile.follows_limit:
+                continue
+            step = (it.profile.threads_at(now * cores) + 1) / cores
+            if step <= 1.0 and it.profile.threads_at(now * cores) < it.profile.threads:
+                more = average_use(it.profile, step, cores) - average_use(it.profile, now, cores)
+                assert more > 1.0 - used + 1e-9, (it.name, now * cores, 1.0 - used, more)
+
+
 def test_the_oracle_weighs_the_one_thread_a_follower_runs_with_no_limit():
     # One follower alone on 4.6 cores: the floor is 2.3 cores (two threads, 0.5 + 1 s = 1.5 s), faster
     # than its band around 2 s; with no limit it runs one thread (1 + 1 s = 2 s), in band. That is the
