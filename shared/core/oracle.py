@@ -151,19 +151,25 @@ def plan_node(
         """What container k burns at this limit beyond its lowest."""
         return use(by_name[k].profile, limit) - use(by_name[k].profile, low[k])
 
-    def limit_for(k: str, target_use: float) -> float:
-        # Average use grows with the limit: bisect for the limit that uses target_use.
+    def bracket(k: str, target_use: float) -> tuple[float, float] | None:
+        """The limits either side of where k's use passes target_use: (the most that uses at most it,
+        the least that uses more); None where even the cap uses no more. Use grows with the limit."""
         p = by_name[k].profile
         a, b = low[k], cap
         if use(p, b) <= target_use:
-            return b
+            return None
         for _ in range(60):
             m = (a + b) / 2
             if use(p, m) <= target_use:
                 a = m
             else:
                 b = m
-        return a
+        return a, b
+
+    def limit_for(k: str, target_use: float) -> float:
+        """The most k may have while using at most target_use."""
+        side = bracket(k, target_use)
+        return cap if side is None else side[0]
 
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
@@ -212,16 +218,8 @@ def plan_node(
         """What k's next rise in use costs (inf: none below the cap)."""
         p = by_name[k].profile
         now = use(p, limits[k])
-        if use(p, cap) <= now + _EPS:
-            return math.inf
-        a, b = limits[k], cap
-        for _ in range(60):
-            m = (a + b) / 2
-            if use(p, m) <= now + _EPS:
-                a = m
-            else:
-                b = m
-        return use(p, b) - now
+        side = bracket(k, now + _EPS)
+        return math.inf if side is None else use(p, side[1]) - now
 
     def cheapest_first(targets: dict[str, float]) -> tuple[list[str], list[str]]:
         """Set each container to its target, cheapest extra CPU first, while the budget lasts:
