@@ -79,6 +79,9 @@ FACTORS = (0.8, 3.0, 1.6, 5.0, 2.2, 8.0)
 """Objective = fastest-alone latency x factor, cycled over the containers: the first is
 unachievable even alone; whether the others fit together on the node is the policies' business."""
 ALPHA = 0.10
+STAMP_DIGITS = 3
+"""Record times to the millisecond: whether a batch began before its limit changed (the policy
+discounts such a batch) can turn on a few ms, and a replay decides it from these stamps."""
 
 
 def _log(msg: str) -> None:
@@ -269,7 +272,7 @@ class RealRun:
                                 "dqoes-experiment-real", connect_timeout_s=5.0)
 
         def on_state(ns: NodeState, _: Any) -> None:
-            row = {"t_s": round(ns.at - self.t0, 2), "satisfied": ns.satisfied, "round": ns.round,
+            row = {"t_s": round(ns.at - self.t0, STAMP_DIGITS), "satisfied": ns.satisfied, "round": ns.round,
                    "params": dict(ns.params),
                    "containers": {c.container.removeprefix(self.prefix + "-"): {
                        "cls": c.cls.value if c.cls else None, "latency_s": c.latency_s, "limit": c.limit,
@@ -279,13 +282,13 @@ class RealRun:
 
         def on_decision(d: DecisionMsg, _: Any) -> None:
             self.decisions.append({
-                "t_s": round(d.at - self.t0, 2), "round": d.round, "event": d.event, "interval_s": d.interval_s,
+                "t_s": round(d.at - self.t0, STAMP_DIGITS), "round": d.round, "event": d.event, "interval_s": d.interval_s,
                 "containers": {c.container.removeprefix(self.prefix + "-"): {
                     "old_limit": c.old_limit, "new_limit": c.new_limit, "latency_s": c.latency_s,
                     "cpu_share": c.cpu_share, "reason": c.reason} for c in d.containers}})
 
         def on_batch(e: LatencyEvent, _: Any) -> None:
-            self.batches.append({"t_s": round(time.time() - self.t0, 2),
+            self.batches.append({"t_s": round(time.time() - self.t0, STAMP_DIGITS),
                                  "container": e.container.removeprefix(self.prefix + "-"),
                                  "latency_s": e.latency_s, "cpu_s": e.cpu_s, "batch": e.batch,
                                  "model": e.model, "images": e.images,
