@@ -229,9 +229,6 @@ class Curve:
     """Its curve moved on its own (a drift restart): its replicas' curves no longer speak for it."""
     sat_cores: float | None = None
     """Most cores the container has been seen able to use; None: no sign of a ceiling."""
-    short_under: float | None = None
-    """The limit (inf: none) under which the latest clean batch left CPU unused with room to spare;
-    None: it did not. A ceiling is read where the next batch under that limit does so too."""
     steps: bool = False
     """Its threads follow its limit and the policy reads them so: above one core, a limit gives only its
     whole cores (`at_limit`), and a need there is met by the next whole core (`limit_for`)."""
@@ -519,7 +516,6 @@ class LearnedPolicy(PolicyBase):
                 rate = b.cpu_s / b.latency_s
             elif v.cpu_share is not None:
                 rate = v.cpu_share * cores
-            short = None
             if limit_cores is not None and (rate is None or rate >= BINDING * limit_cores):
                 got = limit_cores
                 if rate is not None and curve.sat_cores is not None and rate > curve.sat_cores:
@@ -527,16 +523,11 @@ class LearnedPolicy(PolicyBase):
             elif rate is not None and rate > 0:
                 got = rate
                 if b.index > 0 and _may_show_ceiling(limit_cores) and _had_room(node_busy, cores, limit_cores, rate):
-                    # It left CPU it could have had unused: a ceiling of its own (a warm-up batch,
-                    # which loads the model, says nothing about it), once two batches in a row
-                    # under one limit do. One alone may be CFS on a busy node.
-                    short = math.inf if b.limit is None else b.limit
-                    if curve.short_under == short:
-                        curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
+                    # It left CPU it could have had unused: a ceiling of its own (a warm-up
+                    # batch, which loads the model, says nothing about it).
+                    curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
             else:
-                curve.short_under = None
                 continue
-            curve.short_under = short
             _take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, decay)
 
     def _decay(self, latency_s: float) -> tuple[float, float]:
@@ -878,7 +869,7 @@ def _may_show_ceiling(limit_cores: float | None) -> bool:
     Not under a limit of one core or less: every workload runs at least one thread, which can use a
     whole core, so what it left of such a limit the node held (on a 16-core host at 0.94 busy, a
     ResNet-50 on one thread used 0.94 of a 0.85-core limit in the median batch and under 0.85 of it in
-    one batch in seven, and read as a ceiling, that judged it unable to reach a band it was in)."""
+    up to one batch in seven, and read as a ceiling, that judged it unable to reach a band it was in)."""
     return limit_cores is None or limit_cores > 1.0 + 1e-9
 
 
