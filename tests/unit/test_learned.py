@@ -536,46 +536,32 @@ def test_a_ceiling_is_seen_on_a_busy_node_when_the_node_left_room(others_cores, 
     0.9 s a batch); seven others use `others_cores` each at their limits (0.93: the node 94 % busy, as on
     the 16-core host's run of 26 Nov; 1.0: every core busy, where `x` may have been starved).
     """
-    from shared.core.types import BatchObs, ContainerView, NodeView
-
-    cores = 8.0
-    policy = LearnedPolicy()
-    limits = {"x": 1.55 / cores, **{f"o{i}": others_cores / cores for i in range(7)}}
-    views = []
-    for index in range(1, 4):
-        views = []
-        for name, limit in limits.items():
-            used = 1.0 if name == "x" else others_cores
-            latency = 0.9 if name == "x" else 2.0
-            batch = BatchObs(latency_s=latency, finished_at_s=10.0 * index, limit=limit, clean=True, index=index,
-                             cpu_s=used * latency)
-            views.append(ContainerView(name=name, objective_s=0.72 if name == "x" else 2.0, alpha=0.1,
-                                       latency_s=latency, last_latency_s=latency, cpu_share=used / cores,
-                                       limit=limit, batches=(batch,)))
-        policy.decide(NodeView(node="n1", cores=cores, now_s=10.0 * index, containers=tuple(views)))
-    sat = policy.curves["x"].sat_cores
+    sat = _short_batches(1.55, 1.0, 3, others=7, others_cores=others_cores, work_cpu_s=0.9,
+                         objective_s=0.72).curves["x"].sat_cores
     if ceiling:
         assert sat is not None and sat == pytest.approx(1.05, rel=0.01)
     else:
         assert sat is None
 
 
-def _short_batches(limit_cores: float, used_cores: float, batches: int) -> LearnedPolicy:
-    """`x` on an 8-core node with room to spare (six others at a core each, at their limits) runs
-    `batches` batches of 1.2 CPU-seconds under `limit_cores`, each using `used_cores`; one round a batch."""
+def _short_batches(limit_cores: float, used_cores: float, batches: int, *, others: int = 6, others_cores: float = 1.0,
+                   work_cpu_s: float = 1.2, objective_s: float = 1.45) -> LearnedPolicy:
+    """`x` on an 8-core node beside `others` containers using `others_cores` each at their limits
+    (by default, room to spare) runs `batches` batches of `work_cpu_s` under `limit_cores`, each
+    using `used_cores`; one round a batch."""
     from shared.core.types import BatchObs, ContainerView, NodeView
 
     cores = 8.0
     policy = LearnedPolicy()
-    limits = {"x": limit_cores / cores, **{f"o{i}": 1.0 / cores for i in range(6)}}
+    limits = {"x": limit_cores / cores, **{f"o{i}": others_cores / cores for i in range(others)}}
     for index in range(1, batches + 1):
         views = []
         for name, limit in limits.items():
-            used = used_cores if name == "x" else 1.0
-            latency = 1.2 / used if name == "x" else 2.0
+            used = used_cores if name == "x" else others_cores
+            latency = work_cpu_s / used if name == "x" else 2.0
             batch = BatchObs(latency_s=latency, finished_at_s=10.0 * index, limit=limit, clean=True, index=index,
                              cpu_s=used * latency)
-            views.append(ContainerView(name=name, objective_s=1.45 if name == "x" else 2.0, alpha=0.1,
+            views.append(ContainerView(name=name, objective_s=objective_s if name == "x" else 2.0, alpha=0.1,
                                        latency_s=latency, last_latency_s=latency, cpu_share=used / cores,
                                        limit=limit, batches=(batch,)))
         policy.decide(NodeView(node="n1", cores=cores, now_s=10.0 * index, containers=tuple(views)))
