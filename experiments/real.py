@@ -311,7 +311,7 @@ class RealRun:
                 await asyncio.sleep(min(every_s, max(0.1, duration_s - (now - self.t0))))
                 now = time.time()
                 busy = busy_cores_s()
-                sample: dict[str, Any] = {"t_s": round(now - self.t0, 2), "loadavg_1m": os.getloadavg()[0],
+                sample: dict[str, Any] = {"t_s": round(now - self.t0, STAMP_DIGITS), "loadavg_1m": os.getloadavg()[0],
                                           "machine_cores": round((busy - last_busy) / (now - last_t), 3),
                                           "cores": {}}
                 last_busy = busy
