@@ -71,6 +71,10 @@ def states_around_a_scrape(url: str, metrics_url: str) -> tuple[list[NodeState],
     return asyncio.run(go())
 
 
+def latencies_of(ns: NodeState) -> dict[str, float | None]:
+    return {c.container: c.latency_s for c in ns.containers}
+
+
 def limits_of(ns: NodeState) -> dict[str, float]:
     return {c.container: c.limit * ns.cores for c in ns.containers if c.limit is not None}
 
@@ -82,10 +86,8 @@ def test_worker_metrics_match_its_node_state(stack):
     # The collector reads the state last published: one of the states heard around the scrape. Two
     # states in a row can hold the same latencies (no batch in between) and differ in limits (a round
     # in between), so a state is matched on both.
-    match = [ns for ns in states if {c.container: c.latency_s for c in ns.containers} == latency
-             and limits == pytest.approx(limits_of(ns))]
-    assert match, (latency, limits, [({c.container: c.latency_s for c in ns.containers}, limits_of(ns))
-                                     for ns in states])
+    match = [ns for ns in states if latencies_of(ns) == latency and limits == pytest.approx(limits_of(ns))]
+    assert match, (latency, limits, [(latencies_of(ns), limits_of(ns)) for ns in states])
     ns = match[-1]
     objectives = {c.container: c.objective_s for c in ns.containers}
     assert per_container(m, "dqoes_container_objective_seconds") == objectives
