@@ -289,6 +289,8 @@ class RealRun:
 
         def on_batch(e: LatencyEvent, _: Any) -> None:
             self.batches.append({"t_s": round(time.time() - self.t0, STAMP_DIGITS),
+                                 **({} if e.finished_at is None else
+                                    {"finished_s": round(e.finished_at - self.t0, STAMP_DIGITS)}),
                                  "container": e.container.removeprefix(self.prefix + "-"),
                                  "latency_s": e.latency_s, "cpu_s": e.cpu_s, "batch": e.batch,
                                  "model": e.model, "images": e.images,

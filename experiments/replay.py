@@ -10,7 +10,10 @@ Replayed with the settings the run used, the decisions come out as recorded
 (which checks that the record holds everything the policy read). The record
 stamps a batch when the recorder received it, which on a busy node can fall on
 the other side of a round from when the worker read it; each round names the
-latest batch the worker had read, and the replay follows that. With other
+latest batch the worker had read, and the replay follows that. The worker
+reads a batch as of when it finished (the workload's stamp), and so does the
+replay where the record keeps that stamp (`finished_s`; records before 27 Nov
+2026 do not, and replay at the receipt stamp). With other
 settings it answers "would the limits have moved": the policy reads each batch
 under the limit actually in force then (its latency came from that limit) and
 decides from the limits it set itself, with the objectives the worker had at
@@ -34,7 +37,7 @@ from typing import Any
 
 from experiments.common import read_record, record_stem
 from shared.core import registry
-from shared.core.controller import NodeController
+from shared.core.controller import NodeController, finished_on_clock
 from shared.core.policy import numeric_params
 from shared.core.types import workload_of
 
@@ -131,7 +134,7 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
                   run_limit.get(name), t)
         since = {}
         for name, tr in ctl.containers.items():
-            since[name] = (tr.limit_since_s, tr.prev_limit)
+            since[name] = (tr.limit_since_s, tr.prev_limit, tr.older)
             in_force = seen[name]["old_limit"]
             if _same(own[name], in_force):
                 own[name] = in_force  # the same limit, as the runtime rounded it
@@ -149,11 +152,10 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
             own[cd.name] = cd.new_limit
             # What the next batches ran under, and when that limit came: as the run had it.
             tr.limit = run_limit[cd.name] = rec["new_limit"]
+            tr.limit_since_s, tr.prev_limit, tr.older = since[cd.name]
             if rec["old_limit"] is not None and not _same(rec["new_limit"], rec["old_limit"]):
                 count["recorded"] += 1
-                tr.limit_since_s, tr.prev_limit = t, rec["old_limit"]
-            else:
-                tr.limit_since_s, tr.prev_limit = since[cd.name]
+                tr.limit_changed(t, rec["old_limit"])
     total_rounds = sum(c["rounds"] for c in per.values())
     return {
         "policy": policy, "settings": settings, "cores": cores, "rounds": len(rounds),
@@ -238,9 +240,12 @@ def _feed(ctl: NodeController, name: str, batches: list[tuple[float, Mapping[str
     """Give the controller these batches of `name`, each under the run's limit then, no later than `t`."""
     tr = ctl.containers[name]
     for tb, r in batches:
-        tr.limit = limit  # the batch ran under the run's limit
+        tr.limit = limit  # the run's limit in force (the one before it, for a batch that finished before)
         workload = workload_of(r.get("model"), r.get("images"))
-        ctl.record_latency(name, r["latency_s"], min(tb, t), r.get("cpu_s"), workload,
+        # Stamped, as the worker stamps it, when it finished (records since 27 Nov say when).
+        finished = r.get("finished_s")
+        at = min(tb, t) if finished is None else finished_on_clock(min(tb, t), min(tb, t) - finished)
+        ctl.record_latency(name, r["latency_s"], at, r.get("cpu_s"), workload,
                            follows_limit=bool(r.get("follows_limit", False)))
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from services.worker.training import TrainingSide, is_training
 from shared import subjects
 from shared.aio import wait_event
-from shared.core.controller import NodeController
+from shared.core.controller import NodeController, finished_on_clock
 from shared.core.policy import numeric_params, unknown_params
 from shared.core.types import Cls, Decision, classify, workload_of
 from shared.ratelog import RateLimitedLog
@@ -145,7 +145,11 @@ class Worker:
             name = self.by_id.get(name[:12], name) if len(name) >= 12 else name
         cpu_s = msg.cpu_s or None  # 0.0: the container did not measure it
         workload = workload_of(msg.model, msg.images)
-        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, self.clock(), cpu_s, workload,
+        # Stamped when it finished (the workload's clock is this host's): read late, after a round, it
+        # still ran under the limit before that round.
+        lag_s = None if msg.finished_at is None else self.wall() - msg.finished_at
+        finished_s = finished_on_clock(self.clock(), lag_s, self.time_scale)
+        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, finished_s, cpu_s, workload,
                                                                        follows_limit=msg.follows_limit):
             self.ignored_latencies += 1
             return

@@ -27,6 +27,21 @@ from shared.core.types import (
 
 MAX_RECENT = 64
 """Most batches kept per container between two rounds (the oldest go first)."""
+READ_LAG_MAX_S = 10.0
+"""A batch read longer than this after its workload says it finished is taken as finished when read:
+the two clocks disagree (a container's clock stepped or set apart), where a read that late would be a
+worker far behind."""
+
+
+def finished_on_clock(read_s: float, lag_s: float | None, scale: float = 1.0) -> float:
+    """When a batch finished on the controller's clock: read at `read_s`, `lag_s` wall seconds after
+    its workload stamped its end, on a clock that runs `scale` times wall time. On a busy node a
+    batch is read after the round that follows its end; stamped at its read, it would seem to have
+    run under that round's limit. No lag (unknown), a negative one or one past READ_LAG_MAX_S: the
+    read time."""
+    if lag_s is None or not math.isfinite(lag_s) or not 0.0 < lag_s <= READ_LAG_MAX_S:
+        return read_s
+    return read_s - lag_s * scale
 
 
 def check_objective(objective_s: float | None) -> None:
@@ -69,6 +84,9 @@ class Tracked:
     """When the limit in force was set (batches that started earlier straddle a change)."""
     prev_limit: float | None = None
     """The limit before the one in force."""
+    older: tuple[float, float | None] = (-math.inf, None)
+    """When `prev_limit` came into force, and the limit before it (a batch read after a change may
+    have finished before it)."""
     workload: str | None = None
     """Model and images per batch, as its latest batch reported them (None: not reported)."""
     follows_limit: bool = False
@@ -79,6 +97,22 @@ class Tracked:
     @property
     def managed(self) -> bool:
         return self.objective_s is not None
+
+    def limit_changed(self, now_s: float, old: float | None) -> None:
+        """The limit in force changed at `now_s` from `old` (the caller sets the new one)."""
+        self.older = (self.limit_since_s, self.prev_limit)
+        self.limit_since_s, self.prev_limit = now_s, old
+
+    def ran_under(self, finished_s: float) -> tuple[float | None, float, float | None]:
+        """(limit, since, limit before) for a batch that finished at `finished_s`: the limit in force
+        then, when it came, and the one before it. One that finished before the last two changes ran
+        under limits no longer kept: since is infinite (never clean) and the limit a guess."""
+        if finished_s >= self.limit_since_s - 1e-9:
+            return self.limit, self.limit_since_s, self.prev_limit
+        since, before = self.older
+        if finished_s >= since - 1e-9:
+            return self.prev_limit, since, before
+        return before, math.inf, None
 
 
 class NodeController:
@@ -164,9 +198,10 @@ class NodeController:
             t.workload = workload
         if now_s is not None:
             # A batch that began before its limit changed ran partly under the old one.
-            clean = now_s - latency_s >= t.limit_since_s - 1e-9
+            limit, since_s, before = t.ran_under(now_s)
+            clean = now_s - latency_s >= since_s - 1e-9
             cpu = cpu_s if cpu_s is not None and math.isfinite(cpu_s) and cpu_s > 0 else None
-            t.recent.append(BatchObs(latency_s, now_s, t.limit, clean, t.batches, cpu, t.limit_since_s, t.prev_limit))
+            t.recent.append(BatchObs(latency_s, now_s, limit, clean, t.batches, cpu, since_s, before))
             if len(t.recent) > MAX_RECENT:
                 del t.recent[0]
         t.batches += 1
@@ -255,8 +290,7 @@ class NodeController:
             if c.cls is not t.cls:
                 t.out_of_band = 0
             if c.new_limit != t.limit:
-                t.limit_since_s = now_s
-                t.prev_limit = t.limit
+                t.limit_changed(now_s, t.limit)
             t.limit, t.cls, t.slack_s = c.new_limit, c.cls, c.slack_s
         self.rounds += 1
         self.last_decision = decision

@@ -64,7 +64,7 @@ WORKLOAD_SEP = "@"
 
 @dataclass(frozen=True, slots=True)
 class BatchObs:
-    """One finished batch as the controller saw it arrive.
+    """One finished batch as the controller saw it arrive, stamped when it finished.
 
     `limit` is the limit in force when it finished (fraction of the node,
     None: none). `clean` is False for a batch that started before the last
@@ -80,7 +80,8 @@ class BatchObs:
     index: int
     cpu_s: float | None = None
     since_s: float = -math.inf
-    """When `limit` came into force (inside the batch when it is not clean)."""
+    """When `limit` came into force (inside the batch when it is not clean; infinite: not known, a
+    batch read after two changes that followed its end)."""
     prev_limit: float | None = None
     """The limit before that (what the first part of a straddling batch ran under)."""
 

@@ -36,6 +36,8 @@ def test_a_short_real_run_records_decisions_and_batches(tmp_path):
     batches = [r for r in rows if r["kind"] == "batch"]
     assert {b["container"] for b in batches} == {"c01", "c02"}
     assert all(b["latency_s"] > 0 and b["cpu_s"] >= 0 for b in batches)
+    # When each finished, by its workload (the worker reads it as of then), no later than received.
+    assert all(0 < b["finished_s"] <= b["t_s"] + 1e-3 for b in batches)
     # Unpinned, the workloads' threads follow their limits, and every batch says so to the worker.
     assert all(b.get("follows_limit") is True for b in batches)
     assert res.summary["real"][label]["met_final"] >= 0

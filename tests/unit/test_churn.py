@@ -92,3 +92,19 @@ def test_the_published_state_classes_each_container_by_its_latest_batch_not_the_
         assert "c2" in ns.members["B"] and "c2" not in ns.members["S"]
     finally:
         h.close()
+
+
+def test_the_worker_reads_a_batch_as_of_when_its_workload_says_it_finished():
+    h = Harness()
+    try:
+        w = h.worker
+        w.wall, w.clock = (lambda: 1000.0), (lambda: 50.0)
+        t = w.ctrl.containers["c1"]
+        t.limit = 0.4
+        t.limit_changed(49.8, 0.6)  # a round changed its limit 0.2 s before the worker read the batch
+        w.on_latency(LatencyEvent(container="c1", node="n1", latency_s=2.0, images=1, batch=0, finished_at=999.5))
+        b = t.recent[-1]
+        assert b.finished_at_s == 49.5 and b.limit == 0.6 and b.clean
+        assert w.last_batch_at["c1"] == 999.5
+    finally:
+        h.close()

@@ -168,3 +168,33 @@ def test_no_early_round_at_the_initial_interval():
     for lat in (60.0, 61.0):
         c.record_latency("a", lat, now_s=11.0)
     assert not c.due(11.0) and c.due(20.0)
+
+
+def test_a_batch_read_after_a_change_that_followed_its_end_ran_under_the_limit_before():
+    # On a busy node the worker reads a batch after the round that follows its end; stamped when it
+    # finished, it is attributed to the limit it ran under, whole (clean), not to the new one.
+    c = NodeController("n1", 2.0, DefaultPolicy())
+    c.add("a", 0.0, objective_s=4.0, limit=0.5)
+    t = c.containers["a"]
+    t.limit_changed(10.0, 0.5)
+    t.limit = 0.3
+    t.limit_changed(20.0, 0.3)
+    t.limit = 0.2
+    for finished_s, latency_s in ((25.0, 4.0), (19.99, 4.0), (19.99, 12.0), (9.0, 4.0)):
+        c.record_latency("a", latency_s, finished_s)
+    after, before, straddles, lost = t.recent
+    assert (after.limit, after.clean, after.since_s, after.prev_limit) == (0.2, True, 20.0, 0.3)
+    assert (before.limit, before.clean, before.since_s, before.prev_limit) == (0.3, True, 10.0, 0.5)
+    # Began under 0.5, ended under 0.3 before the change to 0.2: a straddle of the change at 10 s.
+    assert (straddles.limit, straddles.clean, straddles.since_s, straddles.prev_limit) == (0.3, False, 10.0, 0.5)
+    # Ended before both changes kept: what it ran under is not known, never clean, no straddle to read.
+    assert not lost.clean and lost.since_s == math.inf and lost.prev_limit is None
+
+
+def test_a_batch_is_stamped_when_it_finished_unless_the_clocks_disagree():
+    from shared.core.controller import READ_LAG_MAX_S, finished_on_clock
+
+    assert finished_on_clock(100.0, 0.25) == 99.75
+    assert finished_on_clock(100.0, 0.25, scale=10.0) == 97.5  # a simulated clock ten times wall time
+    for lag_s in (None, 0.0, -0.5, READ_LAG_MAX_S + 1, math.nan, math.inf):
+        assert finished_on_clock(100.0, lag_s) == 100.0
