@@ -179,7 +179,8 @@ class NodeController:
         self, name: str, latency_s: float, now_s: float | None = None, cpu_s: float | None = None,
         workload: str | None = None, *, follows_limit: bool = False,
     ) -> bool:
-        """A batch finished. Unknown containers and nonsense values are ignored (False).
+        """A batch finished (at `now_s`, when given: when it finished, not when it was read). Unknown
+        containers and nonsense values are ignored (False).
 
         Reading (Algorithm 2): a batch that takes a satisfied container out of
         its band breaks the stable state, and the paper resets the interval and

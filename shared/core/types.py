@@ -67,8 +67,8 @@ class BatchObs:
     """One finished batch as the controller saw it arrive, stamped when it finished.
 
     `limit` is the limit in force when it finished (fraction of the node,
-    None: none). `clean` is False for a batch that started before the last
-    change of its limit: it ran partly under `prev_limit`, until `since_s`. `index` counts the
+    None: none). `clean` is False for a batch that started before the change
+    that brought that limit: it ran partly under `prev_limit`, until `since_s`. `index` counts the
     container's batches from 0 (the first ones are warm-up). `cpu_s` is the
     CPU the batch used when the container measured it, else None.
     """
