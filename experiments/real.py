@@ -434,9 +434,10 @@ def measured_noise(rows: Sequence[dict[str, Any]], from_s: float) -> dict[str, A
         if r.get("kind") != "batch" or r["t_s"] < from_s or r.get("batch", 1) == 0 or r["latency_s"] <= 0:
             continue
         seq = changes.get(r["container"], [])
-        start = r["t_s"] - r["latency_s"]
+        end = r.get("finished_s", r["t_s"])  # when it finished, where the record says (else received)
+        start = end - r["latency_s"]
         stretch = sum(1 for t, _ in seq if t <= start)
-        if any(start < t <= r["t_s"] for t, _ in seq):
+        if any(start < t <= end for t, _ in seq):
             continue  # its limit changed while it ran
         groups.setdefault((r["container"], stretch), []).append(math.log(r["latency_s"]))
     sq, n, used = 0.0, 0, 0

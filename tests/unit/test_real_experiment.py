@@ -157,6 +157,20 @@ def test_the_noise_a_run_saw_is_the_spread_at_one_unchanged_limit():
     assert realexp.measured_noise(rows, 70.0) is None  # nothing left with enough batches
 
 
+def test_a_batch_received_after_a_change_that_followed_its_end_counts_under_the_limit_it_ran_under():
+    import math
+    rows = [_decision(0.0, {"c1": 0.5}), _decision(50.0, {"c1": 0.25})]
+    rows += [_batch(44.0 + 2 * i, "c1", v) for i, v in enumerate((1.0, 1.2, 0.9))]
+    rows += [dict(_batch(50.02, "c1", 1.1), finished_s=49.99)]  # received 20 ms after the change
+    ys = [math.log(v) for v in (1.0, 1.2, 0.9, 1.1)]
+    mean = sum(ys) / 4
+    want = math.sqrt(sum((y - mean) ** 2 for y in ys) / 3)
+    assert realexp.measured_noise(rows, 10.0) == {"sd": round(want, 4), "batches": 4}
+    # By its receipt alone it would seem to straddle the change, and be left out.
+    bare = [{k: v for k, v in r.items() if k != "finished_s"} for r in rows]
+    assert realexp.measured_noise(bare, 10.0)["batches"] == 3
+
+
 def test_the_oracle_under_noise_keeps_fewer_in_band_the_noisier_the_run():
     profiles = {**BUILTIN_PROFILES, "resnet50": resnet_profile()}
     specs = realexp.plan_containers(6, ["resnet50", "mobilenetv2"], profiles, 4.0)
