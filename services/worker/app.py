@@ -161,9 +161,9 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
     pub = LatencyPublisher(bus, cfg.node)
 
     def on_batch(container: str, latency_s: float, images: int, batch: int, cpu_s: float,
-                 model: str | None, follows_limit: bool) -> None:
+                 model: str | None, follows_limit: bool, finished_at: float) -> None:
         pub.publish_nowait(pub.event(container, latency_s, images, batch, cpu_s=cpu_s, model=model,
-                                     follows_limit=follows_limit))
+                                     finished_at=finished_at, follows_limit=follows_limit))
 
     runtime = None
     try:

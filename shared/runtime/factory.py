@@ -28,9 +28,9 @@ from shared.scenarios.spec import ContainerSpec, Scenario
 
 KINDS = ("sim", "docker", "cgroup")
 
-BatchCallback = Callable[[str, float, int, int, float, str | None, bool], None]
-"""(container, latency_s, images, batch, cpu_s, model, follows_limit) of one simulated batch."""
-"""(container, latency_s, images, batch number, cpu_s, model) for each simulated batch."""
+BatchCallback = Callable[[str, float, int, int, float, str | None, bool, float], None]
+"""(container, latency_s, images, batch number, cpu_s, model, follows_limit, finished_at: unix s) of
+one simulated batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,15 +74,23 @@ def make_runtime(s: RuntimeSettings, on_batch: BatchCallback | None = None) -> R
         models = {c.name: c.model for c in scenario.containers}
         follows = {c.name: scenario.profile_of(c).follows_limit for c in scenario.containers}
 
+        rt: SimRuntime | None = None
+
         def batch_done(b: BatchDone) -> None:
             if on_batch is not None:
+                # When it finished on the wall clock, as a workload stamps it: the physics may hand a
+                # batch over later (a round reads the counters after its end), and the worker places
+                # each batch by this stamp.
+                behind_s = 0.0 if rt is None else max(0.0, rt.now_s() - b.finished_at_s) / rt.time_scale
                 on_batch(b.container, b.latency_s, b.images, b.batch, b.cpu_s, models.get(b.container),
-                         follows.get(b.container, False))
+                         follows.get(b.container, False), time.time() - behind_s)
 
         if s.start_at is not None:
-            return SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done,
-                              clock=time.time, start_at=s.start_at)
-        return SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done)
+            rt = SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done,
+                            clock=time.time, start_at=s.start_at)
+        else:
+            rt = SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done)
+        return rt
     if s.kind == "docker":
         from shared.runtime.docker import DockerRuntime
 
