@@ -158,6 +158,7 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
                 tr.limit_changed(t, rec["old_limit"])
     total_rounds = sum(c["rounds"] for c in per.values())
     return {
+        "stamps": stamps([r for _, _, r in batches], [r for _, _, r in rounds]),
         "policy": policy, "settings": settings, "cores": cores, "rounds": len(rounds),
         "containers": per,
         "recorded_changes": sum(c["recorded"] for c in per.values()),
@@ -166,6 +167,26 @@ def replay(rows: Iterable[Mapping[str, Any]], policy: str, cores: float,
         "changes": changes,
         **_against_run(run_params, numeric_params(built.params)),
     }
+
+
+def stamps(batches: list[Mapping[str, Any]], rounds: list[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """How late the record received its batches, from records that say when each finished (else None).
+
+    `lag_*_s`: receipt less end (median, 99th percentile, most); `after_round`: batches received
+    after a round that followed their end; `after_moving_round`: of those, after one that moved
+    their container's limit, the only ones whose limit a receipt stamp would misplace."""
+    timed = [b for b in batches if b.get("finished_s") is not None]
+    if not timed:
+        return None
+    lags = sorted(b["t_s"] - b["finished_s"] for b in timed)
+    moved = [(r["t_s"], {n for n, c in r["containers"].items() if not _same(c["new_limit"], c["old_limit"])})
+             for r in rounds]
+    after = [b for b in timed if any(b["finished_s"] < t < b["t_s"] for t, _ in moved)]
+    return {"batches": len(timed), "lag_median_s": lags[(len(lags) - 1) // 2],
+            "lag_p99_s": lags[int(0.99 * (len(lags) - 1))], "lag_max_s": lags[-1],
+            "after_round": len(after),
+            "after_moving_round": sum(1 for b in after if any(b["finished_s"] < t < b["t_s"] and b["container"] in n
+                                                               for t, n in moved))}
 
 
 def _against_run(run: Mapping[str, Any] | None, replayed: Mapping[str, float]) -> dict[str, Any]:
@@ -262,6 +283,15 @@ def render(res: Mapping[str, Any]) -> str:
     for name, c in sorted(res["containers"].items()):
         lines.append(f"| {name} | {c['recorded']} | {c['replayed']} | {c['agree']}/{c['rounds']} |")
     lines.append(f"| all | {res['recorded_changes']} | {res['replayed_changes']} | |")
+    st = res.get("stamps")
+    if st is None:
+        lines.append("\nThe record stamps batches only when it received them (records before 27 Nov 2026): "
+                     "replayed at those stamps.")
+    else:
+        lines.append(f"\nBatches received {st['lag_median_s'] * 1000:.0f} ms after they finished (median; 99th "
+                     f"percentile {st['lag_p99_s'] * 1000:.0f} ms, most {st['lag_max_s'] * 1000:.0f} ms); "
+                     f"{st['after_round']} of {st['batches']} after a round that followed their end, "
+                     f"{st['after_moving_round']} after one that moved their limit. Replayed as of when they finished.")
     if res.get("run_params") is None:
         lines.append("\nThe record does not say the run's parameters (its worker did not keep them then).")
     else:

@@ -147,6 +147,11 @@ def test_batches_read_after_the_round_that_followed_their_end_replay_as_the_work
     assert len(late) >= 5  # read after a round that followed their end and moved their limit
     res = replay.replay(rows, "learned", CORES)
     assert res["agreement"] == 1.0 and res["replayed_changes"] == res["recorded_changes"] > 10
+    # It says how late the record received them, and how many a receipt stamp would misplace.
+    st = res["stamps"]
+    assert st["batches"] == sum(r["kind"] == "batch" for r in rows) and st["after_moving_round"] == len(late)
+    assert st["lag_median_s"] == pytest.approx(0.3) and st["after_round"] >= len(late)
+    assert f"{len(late)} after one that moved their limit" in replay.render(res)
     # At the receipt stamps alone (records before 27 Nov) those batches seem to have run under the new
     # limit, and the replay no longer comes out as the run.
     bare = [{k: v for k, v in r.items() if k != "finished_s"} for r in rows]
@@ -267,6 +272,7 @@ def test_the_command_prints_a_table_or_one_json_object(run_dir, capsys):
     assert main(["experiment", "replay", str(run_dir), "--changes"]) == 0
     text = capsys.readouterr().out
     assert "| fast |" in text and "learned: " in text
+    assert out["stamps"] is None and "only when it received them" in text  # a record without finish stamps
     assert main(["experiment", "replay", str(run_dir), "half_life=1"]) == 2
     assert "has no parameter half_life" in capsys.readouterr().err
 
