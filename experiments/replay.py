@@ -181,12 +181,12 @@ def stamps(batches: list[Mapping[str, Any]], rounds: list[Mapping[str, Any]]) ->
     lags = sorted(b["t_s"] - b["finished_s"] for b in timed)
     moved = [(r["t_s"], {n for n, c in r["containers"].items() if not _same(c["new_limit"], c["old_limit"])})
              for r in rounds]
-    after = [b for b in timed if any(b["finished_s"] < t < b["t_s"] for t, _ in moved)]
+    # For each batch, what the rounds between its end and its receipt moved (one scan of the rounds).
+    crossed = [(b["container"], [names for t, names in moved if b["finished_s"] < t < b["t_s"]]) for b in timed]
     return {"batches": len(timed), "lag_median_s": lags[(len(lags) - 1) // 2],
             "lag_p99_s": lags[int(0.99 * (len(lags) - 1))], "lag_max_s": lags[-1],
-            "after_round": len(after),
-            "after_moving_round": sum(1 for b in after if any(b["finished_s"] < t < b["t_s"] and b["container"] in n
-                                                               for t, n in moved))}
+            "after_round": sum(1 for _, between in crossed if between),
+            "after_moving_round": sum(1 for name, between in crossed if any(name in n for n in between))}
 
 
 def _against_run(run: Mapping[str, Any] | None, replayed: Mapping[str, float]) -> dict[str, Any]:
@@ -264,8 +264,8 @@ def _feed(ctl: NodeController, name: str, batches: list[tuple[float, Mapping[str
         tr.limit = limit  # the run's limit in force (the one before it, for a batch that finished before)
         workload = workload_of(r.get("model"), r.get("images"))
         # Stamped, as the worker stamps it, when it finished (records since 27 Nov say when).
-        finished = r.get("finished_s")
-        at = min(tb, t) if finished is None else finished_on_clock(min(tb, t), min(tb, t) - finished)
+        read, finished = min(tb, t), r.get("finished_s")
+        at = read if finished is None else finished_on_clock(read, read - finished)
         ctl.record_latency(name, r["latency_s"], at, r.get("cpu_s"), workload,
                            follows_limit=bool(r.get("follows_limit", False)))
 
