@@ -67,7 +67,7 @@ class SimRuntime:
         self.on_batch = on_batch
         self._clock = clock
         self._t0: float | None = start_at
-        self._sim = SimNode(node, spec.cores)
+        self._sim = SimNode(node, spec.cores, spells=scenario.spells_of(node, seed))
         placement = place(scenario)
         self._specs = {c.name: c for c in scenario.containers if placement[c.name] == node}
         self._timeline: list[tuple[float, int, str]] = []

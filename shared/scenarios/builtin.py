@@ -16,6 +16,7 @@ from shared.scenarios.spec import (
     Change,
     ContainerSpec,
     NodeSpec,
+    NodeSpells,
     ObjectiveRule,
     Scenario,
     generate_containers,
@@ -159,6 +160,8 @@ class Stress:
     """Lag-one correlation of each container's log noise from batch to batch (0: independent)."""
     alpha: float | None = None
     """The band's half-width for every container (None: DQoES's default, 0.1)."""
+    spells: NodeSpells | None = None
+    """Slow spells common to each node's containers (None: none)."""
     follows: bool = False
     """Every workload's threads follow its limit (max(1, floor(limit)) of them, up to its four), as the
     project's inference workload does on a real node, in place of four pinned threads."""
@@ -172,6 +175,8 @@ STRESS: dict[str, Stress] = {
     "random-cluster-tight": Stress("a band of +-5 %", alpha=0.05),
     "random-cluster-sticky": Stress("noise that persists from batch to batch (lag-one correlation 0.6)",
                                     noise_rho=0.6),
+    "random-cluster-spells": Stress("slow spells shared by a node's containers (every 120 s on average, 5-60 s long, "
+                                    "batches 1.2-1.6x slower)", spells=NodeSpells(120.0, (5.0, 60.0), (1.2, 1.6))),
     "random-cluster-threads": Stress("threads that follow each limit (its floor, up to four), as real workloads'",
                                      follows=True),
 }
@@ -211,7 +216,7 @@ def _random_cluster(name: str, seed: int | None, profiles: Mapping[str, ModelPro
     if stress.alpha is not None:
         # As a file's `controller` table gives it: every policy and measure takes the band from there.
         sc = dataclasses.replace(sc, controller=DQoESParams(alpha=stress.alpha), settings={"alpha": stress.alpha})
-    return dataclasses.replace(sc, noise_sigma=noise, noise_rho=stress.noise_rho)
+    return dataclasses.replace(sc, noise_sigma=noise, noise_rho=stress.noise_rho, node_spells=stress.spells)
 
 
 def _stressed(name: str) -> Callable[..., Scenario]:

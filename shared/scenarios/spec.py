@@ -50,6 +50,30 @@ class Change:
 
 
 @dataclass(frozen=True, slots=True)
+class NodeSpells:
+    """Spells in which every container on a node runs slower at the CPU it gets (memory bandwidth,
+    caches or another tenant shared by the whole host): on each node, independently, they start
+    after gaps drawn exponentially with mean `every_s`, last a duration and slow every batch's
+    progress by a factor, each drawn uniformly from its range (docs/simulator.md)."""
+
+    every_s: float
+    duration_s: tuple[float, float]
+    factor: tuple[float, float]
+
+    def schedule(self, seed: int | None, node: str, end_s: float) -> tuple[tuple[float, float, float], ...]:
+        """(start, end, factor) of each spell on `node` before `end_s`, drawn from (seed, node) alone,
+        one after another, never overlapping."""
+        rng = random.Random(f"spells:{seed}:{node}")
+        out = []
+        t = rng.expovariate(1.0 / self.every_s)
+        while t < end_s:
+            length = rng.uniform(*self.duration_s)
+            out.append((t, t + length, rng.uniform(*self.factor)))
+            t += length + rng.expovariate(1.0 / self.every_s)
+        return tuple(out)
+
+
+@dataclass(frozen=True, slots=True)
 class ContainerSpec:
     name: str
     model: str
@@ -78,6 +102,8 @@ class Scenario:
     noise_sigma: float = 0.03
     noise_rho: float = 0.0
     """Lag-one correlation of a container's log noise from batch to batch (0: independent)."""
+    node_spells: NodeSpells | None = None
+    """Slow spells common to all of a node's containers; None: none."""
     description: str = ""
     seed: int | None = None
     objective_rule: str = ""
@@ -100,6 +126,10 @@ class Scenario:
     def profile_of(self, c: ContainerSpec) -> ModelProfile:
         p = self.profiles[c.model]
         return p.with_threads(c.threads) if c.threads is not None else p
+
+    def spells_of(self, node: str, seed: int | None) -> tuple[tuple[float, float, float], ...]:
+        """The slow spells of `node` in a run of this scenario with `seed` ((start, end, factor))."""
+        return () if self.node_spells is None else self.node_spells.schedule(seed, node, self.duration_s)
 
     def node(self, name: str) -> NodeSpec:
         for n in self.nodes:
@@ -291,8 +321,8 @@ def parse_scenario(
         raise ScenarioError("scenario: the document must be a table/object")
     _check_keys(
         data,
-        {"name", "description", "duration_s", "noise_sigma", "noise_rho", "seed", "controller", "nodes", "models",
-         "containers", "generate", "objective_rule", "profiles"},
+        {"name", "description", "duration_s", "noise_sigma", "noise_rho", "node_spells", "seed", "controller", "nodes",
+         "models", "containers", "generate", "objective_rule", "profiles"},
         "",
     )
     name = _str(data.get("name", default_name), "name")
@@ -301,6 +331,7 @@ def parse_scenario(
     rho = _num(data.get("noise_rho", 0.0), "noise_rho", nonneg=True)
     if rho >= 1.0:
         raise ScenarioError(f"noise_rho: must be < 1 (a lag-one correlation), got {rho!r}")
+    spells = _parse_spells(data["node_spells"]) if "node_spells" in data else None
     if seed is None and "seed" in data:
         seed = int(_num(data["seed"], "seed", integer=True))
     controller, settings = parse_controller(data.get("controller", {}))
@@ -369,10 +400,30 @@ def parse_scenario(
         settings=settings,
         noise_sigma=sigma,
         noise_rho=rho,
+        node_spells=spells,
         description=str(data.get("description", "")),
         seed=seed,
         objective_rule=rule_text,
     )
+
+
+def _parse_spells(d: Any) -> NodeSpells:
+    w = "node_spells."
+    if not isinstance(d, Mapping):
+        raise ScenarioError("node_spells: must be a table")
+    _check_keys(d, {"every_s", "duration_s", "factor"}, w)
+    every = _num(_get(d, "every_s", w), w + "every_s", positive=True)
+
+    def span(key: str, low: float) -> tuple[float, float]:
+        v = _get(d, key, w)
+        if not isinstance(v, list | tuple) or len(v) != 2:
+            raise ScenarioError(f"{w}{key}: must be [low, high]")
+        lo, hi = (_num(x, f"{w}{key}", positive=True) for x in v)
+        if not low <= lo <= hi:
+            raise ScenarioError(f"{w}{key}: must be [low, high] with {low} <= low <= high, got {list(v)!r}")
+        return lo, hi
+
+    return NodeSpells(every, span("duration_s", 0.0), span("factor", 1.0))
 
 
 def _parse_container(
@@ -542,6 +593,9 @@ def scenario_to_dict(s: Scenario) -> dict[str, Any]:
     }
     if s.noise_rho:
         out["noise_rho"] = s.noise_rho
+    if s.node_spells is not None:
+        sp = s.node_spells
+        out["node_spells"] = {"every_s": sp.every_s, "duration_s": list(sp.duration_s), "factor": list(sp.factor)}
     if s.seed is not None:
         out["seed"] = s.seed
     if s.objective_rule:

@@ -218,7 +218,7 @@ def simulate(
     seed = scenario.seed if seed is None else seed
     seed = 1 if seed is None else seed
     end = scenario.duration_s
-    nodes = {n.name: SimNode(n.name, n.cores) for n in scenario.nodes}
+    nodes = {n.name: SimNode(n.name, n.cores, spells=scenario.spells_of(n.name, seed)) for n in scenario.nodes}
     placed: dict[str, str] = {}
 
     def work_factor_now(cname: str) -> float:

@@ -11,8 +11,11 @@ Physics (docs/simulator.md says the same in prose):
   threads, its CFS fair share), the fair share found by water-filling the
   node's cores over the computing containers (equal weights, like Docker's
   default cpu-shares);
-- rates are piecewise constant, so the node advances from one phase end to the
-  next exactly (no time step).
+- during a node's slow spells (`spells`: start, end, factor) every batch on it
+  progresses `factor` times slower at the same CPU rate, as when a host's
+  memory bandwidth or caches are contended;
+- rates are piecewise constant, so the node advances from one phase end (or
+  spell edge) to the next exactly (no time step).
 
 `SimNode` knows nothing of policies or event queues: the discrete-event engine
 drives it in virtual time, and the live "sim" runtime drives it against a
@@ -106,7 +109,8 @@ class SimContainer:
 class SimNode:
     """A node's containers and their CPU; advance it to any later time."""
 
-    def __init__(self, name: str, cores: float, keep_history: bool = False) -> None:
+    def __init__(self, name: str, cores: float, keep_history: bool = False,
+                 spells: Sequence[tuple[float, float, float]] = ()) -> None:
         if not (math.isfinite(cores) and cores > 0):
             raise ValueError(f"cores must be > 0, got {cores!r}")
         self.name = name
@@ -114,6 +118,17 @@ class SimNode:
         self.now_s = 0.0
         self.containers: dict[str, SimContainer] = {}
         self.keep_history = keep_history
+        self.slow = 1.0
+        """How many times slower every batch progresses now (a node-wide spell; 1.0: none)."""
+        edges: list[tuple[float, float]] = []
+        for start, end, factor in sorted(spells):
+            if not (math.isfinite(factor) and factor > 0 and end >= start):
+                raise ValueError(f"a spell needs start <= end and a factor > 0, got {(start, end, factor)!r}")
+            if edges and start < edges[-1][0]:
+                raise ValueError("spells must not overlap")
+            edges += [(start, factor), (end, 1.0)]
+        self._edges = edges
+        """Spell edges to come, in time order: (when, the node's slowness from then on)."""
 
     def add(
         self,
@@ -168,7 +183,7 @@ class SimNode:
         return {n: c.cpu_total_s for n, c in self.containers.items()}
 
     def _multiplier(self, c: SimContainer) -> float:
-        return c.profile.cpu_multiplier(None if c.limit is None else c.limit * self.cores)
+        return c.profile.cpu_multiplier(None if c.limit is None else c.limit * self.cores) * self.slow
 
     def _rates(self) -> None:
         active = [c for c in self.containers.values() if c.computing]
@@ -219,6 +234,12 @@ class SimNode:
         done: list[BatchDone] = []
         while True:
             t_next, first = self._next()
+            if self._edges and self._edges[0][0] < t_next and self._edges[0][0] <= to_s:
+                # A spell starts or ends before any phase does: progress changes pace there.
+                at, slow = self._edges.pop(0)
+                self._integrate(at - self.now_s)
+                self.now_s, self.slow = max(self.now_s, at), slow
+                continue
             if t_next > to_s:
                 self._integrate(to_s - self.now_s)
                 self.now_s = max(self.now_s, to_s)

@@ -42,6 +42,7 @@ def test_each_variant_departs_from_the_base_in_its_one_way(name, seed):
         assert var.noise_sigma == base.noise_sigma
     assert var.controller.alpha == (stress.alpha if stress.alpha is not None else base.controller.alpha)
     assert var.noise_rho == stress.noise_rho and base.noise_rho == 0.0
+    assert var.node_spells == stress.spells and base.node_spells is None
     assert stress.summary in var.description
 
 
@@ -53,6 +54,9 @@ def test_the_variants_are_what_their_names_say():
     assert STRESS["random-cluster-tight"].alpha == 0.05
     assert STRESS["random-cluster-sticky"].noise_rho == 0.6
     assert STRESS["random-cluster-threads"].follows
+    spells = STRESS["random-cluster-spells"].spells
+    assert spells is not None and (spells.every_s, spells.duration_s, spells.factor) == (120.0, (5.0, 60.0), (1.2, 1.6))
+    assert [name for name, st in STRESS.items() if st.spells] == ["random-cluster-spells"]
     assert [name for name, st in STRESS.items() if st.follows] == ["random-cluster-threads"]
 
 
