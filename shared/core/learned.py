@@ -96,6 +96,11 @@ BACK_SD = 2.0
 """After a restart, a batch within this many sd of the curve before it counts towards restoring it."""
 RESTART_WATCH = 6
 """Batches after a restart during which the curve before it may be restored."""
+SPELL_SD = 2.0
+"""The node's other containers, whose batches over a time lie this many standard errors off their
+curves together, on one side, were slow (or fast) alike then."""
+SPELL_RECENT = 64
+"""How many of its latest batches' deviations a curve keeps for its neighbours' spell checks."""
 FEW_BATCHES = 4
 """A curve with fewer observations than this is still being learnt: rounds follow its batches."""
 TARGET_GRID = 48
@@ -165,6 +170,10 @@ class LearnedParams(BaseParams):
     """1: aim each container where its next batch is most often met and in band under the measured
     noise, and give what is left to one left out for room where that is worth more than an equal split;
     0: the slow edge less 1.5 noise sd, then the band's centre as room allows (the earlier aim)."""
+    spell_guard: float = 1.0
+    """1: two batches off a curve on the side most of the node's other containers are off too (a slow
+    spell of the host, not a drift of one curve) do not restart it; it is waited out for as many
+    batches as a restart is watched (docs/algorithms.md, "Spells shared by a node"); 0: they do."""
     thread_steps: float = 1.0
     """1: a container whose threads follow its limit (its batches say so) runs floor(limit) threads above
     one core, so it is read at the cores those threads can use and given whole cores there
@@ -180,7 +189,7 @@ class LearnedParams(BaseParams):
                              ("confidence_z", 0.0, 5.0),
                              ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0), ("pool_slopes", 0.0, 1.0),
                              ("pool_work", 0.0, 1.0),
-                             ("expected_aim", 0.0, 1.0), ("thread_steps", 0.0, 1.0)):
+                             ("expected_aim", 0.0, 1.0), ("thread_steps", 0.0, 1.0), ("spell_guard", 0.0, 1.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and lo <= v <= hi):
                 raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
@@ -232,9 +241,14 @@ class Curve:
     steps: bool = False
     """Its threads follow its limit and the policy reads them so: above one core, a limit gives only its
     whole cores (`at_limit`), and a need there is met by the next whole core (`limit_for`)."""
-    suspects: list[tuple[float, float, float, float]] = field(default_factory=list)
+    suspects: list[tuple[float, float, float, float, float]] = field(default_factory=list)
     """The latest batch beyond OUTLIER_SD, held out of the fit until the next one tells whether the
-    curve moved (drift watch): (residual, x, y, weight)."""
+    curve moved (drift watch): (residual, x, y, weight, when it started)."""
+    recent: list[tuple[float, float, float]] = field(default_factory=list)
+    """Its latest clean batches as its curve saw them before taking them: (start, end, deviation in
+    sd), SPELL_RECENT at most; what its neighbours read to tell a node's spell from their own drift."""
+    spell_held: int = 0
+    """Restarts in a row not made because the node's other containers were off alike."""
     fit: tuple[float, float, float, float, float, float] | None = None
     """(theta0, k, var theta0, cov, var k, noise sd) of the last fit."""
     changed_at_s: float | None = None
@@ -280,9 +294,9 @@ class Curve:
         """Forget every observation (the curve moved); keep what was learnt of k as a prior, and the
         curve itself for a few batches, in case the move was a passing slow spell."""
         f = self.solve()
-        self.before = (dataclasses.replace(self, suspects=[], before=None, long_sums=list(self.long_sums))
+        self.before = (dataclasses.replace(self, suspects=[], recent=[], before=None, long_sums=list(self.long_sums))
                        if f is not None and self.n >= 3 else None)
-        self.since_restart = self.back = 0
+        self.since_restart = self.back = self.spell_held = 0
         if f is not None and self.n >= 3:
             self.k_mean, self.k_sd = f[1], max(0.1, math.sqrt(f[4]))
         self.sw = self.sw2 = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
@@ -501,6 +515,7 @@ class LearnedPolicy(PolicyBase):
         return c
 
     def _observe(self, v: ContainerView, curve: Curve, cores: float, node_busy: float) -> None:
+        guard = self.params.spell_guard >= 0.5
         for b in v.batches:
             decay = self._decay(b.latency_s)
             if not b.clean:
@@ -509,26 +524,53 @@ class LearnedPolicy(PolicyBase):
             _weigh_memories(curve, b, cores, decay[1], self.params.initial_interval_s)
             curve.last_clean_s = b.finished_at_s
             curve.batch_s = b.latency_s
-            # Threads that follow the limit use only its whole cores above one: that is what binds.
-            limit_cores = None if b.limit is None else curve.at_limit(b.limit * cores)
-            rate = None
-            if b.cpu_s is not None:
-                rate = b.cpu_s / b.latency_s
-            elif v.cpu_share is not None:
-                rate = v.cpu_share * cores
-            if limit_cores is not None and (rate is None or rate >= BINDING * limit_cores):
-                got = limit_cores
+            got, limit_cores, rate = _got(b, v, curve, cores)
+            if got is None:
+                continue
+            if got == limit_cores:
                 if rate is not None and curve.sat_cores is not None and rate > curve.sat_cores:
                     curve.sat_cores = None  # it used more than its ceiling: the ceiling was wrong
-            elif rate is not None and rate > 0:
-                got = rate
-                if b.index > 0 and _may_show_ceiling(limit_cores) and _had_room(node_busy, cores, limit_cores, rate):
-                    # It left CPU it could have had unused: a ceiling of its own (a warm-up
-                    # batch, which loads the model, says nothing about it).
-                    curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
-            else:
+            elif rate is not None and b.index > 0 and _may_show_ceiling(limit_cores) and _had_room(
+                    node_busy, cores, limit_cores, rate):
+                # It left CPU it could have had unused: a ceiling of its own (a warm-up
+                # batch, which loads the model, says nothing about it).
+                curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
+            spell = None
+            if guard:
+                def spell(start_s: float, side: float, end_s: float = b.finished_at_s, me: str = v.name) -> bool:
+                    return self._node_spell(me, start_s, end_s, side)
+            _take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, decay,
+                  b.finished_at_s - b.latency_s, spell)
+
+    def _note_recent(self, v: ContainerView, curve: Curve, cores: float) -> None:
+        """Before any curve takes this round's batches: how far each clean batch lies off its curve."""
+        fit = curve.solve()
+        if fit is None or curve.n < 3:
+            return
+        for b in v.batches:
+            got = _got(b, v, curve, cores)[0] if b.clean else None
+            pred = curve.predict(got) if got is not None else None
+            if pred is None:
                 continue
-            _take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, decay)
+            z = (math.log(b.latency_s) - pred[0]) / math.hypot(max(fit[5], NOISE_PRIOR), pred[1])
+            curve.recent.append((b.finished_at_s - b.latency_s, b.finished_at_s, z))
+        del curve.recent[:-SPELL_RECENT]
+
+    def _node_spell(self, name: str, start_s: float, end_s: float, side: float) -> bool:
+        """Whether the node's other containers ran off their curves on `side` (+1 slow, -1 fast) too
+        between start_s and end_s: each one's batches then, taken together, lie that far off in
+        standard errors (the sum of their deviations over its square root: as rare by chance however
+        many batches it ran); over those, at least two, they lie SPELL_SD standard errors off."""
+        evidence = []
+        for other, c in self.curves.items():
+            if other == name:
+                continue
+            during = [z for b0, b1, z in c.recent if b1 > start_s and b0 < end_s]
+            if during:
+                # Its batches then, taken together, in standard errors; none counts for more than an
+                # outlier, so that one neighbour's own drift does not pass for the node's.
+                evidence.append(min(OUTLIER_SD, sum(during) * side / math.sqrt(len(during))))
+        return len(evidence) >= 2 and sum(evidence) >= SPELL_SD * math.sqrt(len(evidence))
 
     def _decay(self, latency_s: float) -> tuple[float, float]:
         """What each memory (in batches; in seconds) keeps of its past as one more batch of `latency_s`
@@ -581,7 +623,10 @@ class LearnedPolicy(PolicyBase):
             curve = self._curve(v.name)
             curve.workload = v.workload or curve.workload
             curve.steps = v.follows_limit and p.thread_steps >= 0.5
-            self._observe(v, curve, cores, busy)
+            if p.spell_guard >= 0.5:
+                self._note_recent(v, curve, cores)
+        for v in view.containers:
+            self._observe(v, self.curves[v.name], cores, busy)
         own = _own_fits(self.curves)
         if p.pool_slopes >= 0.5:
             _pool_slopes(self.curves, own)
@@ -863,6 +908,23 @@ class LearnedPolicy(PolicyBase):
         return self._interval_s
 
 
+def _got(b: BatchObs, v: ContainerView, curve: Curve, cores: float) -> tuple[float | None, float | None, float | None]:
+    """(the cores a clean batch ran at, its limit in cores, the CPU rate it used): the limit where it
+    held the batch (it used at least BINDING of it), else the rate; None where neither is known."""
+    # Threads that follow the limit use only its whole cores above one: that is what binds.
+    limit_cores = None if b.limit is None else curve.at_limit(b.limit * cores)
+    rate = None
+    if b.cpu_s is not None:
+        rate = b.cpu_s / b.latency_s
+    elif v.cpu_share is not None:
+        rate = v.cpu_share * cores
+    if limit_cores is not None and (rate is None or rate >= BINDING * limit_cores):
+        return limit_cores, limit_cores, rate
+    if rate is not None and rate > 0:
+        return rate, limit_cores, rate
+    return None, limit_cores, rate
+
+
 def _may_show_ceiling(limit_cores: float | None) -> bool:
     """Whether a batch that used less than this limit may show a ceiling of the container's own.
 
@@ -905,11 +967,16 @@ def _weigh_memories(curve: Curve, b: BatchObs, cores: float, decay: float, horiz
         curve.fit = None
 
 
-def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float]) -> None:
+def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float], start_s: float = math.nan,
+          spell: Callable[[float, float], bool] | None = None) -> None:
     """One observation (log cores, log latency) of weight w. A batch far off the curve is held out
     until the next: two in a row on the same side mean the curve moved (it restarts from both);
     otherwise it joins the fit at a weight that makes it count little. Held out meanwhile, one odd
-    batch never inflates the noise, which would hide the drift it may be the start of."""
+    batch never inflates the noise, which would hide the drift it may be the start of.
+
+    `spell(start, side)`: whether the node's other containers were off their curves on the same
+    side since `start` (the held batch's); if so the curve is kept, the older batch dropped and the
+    newer held in its place, for at most RESTART_WATCH such batches in a row."""
     curve.check_back(x, y)
     pred = curve.predict(math.exp(x))
     fit = curve.solve()
@@ -921,14 +988,21 @@ def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float]
         if abs(resid) > OUTLIER_SD * sd:
             held = curve.suspects[-1] if curve.suspects else None
             if held is not None and held[0] * resid > 0:
+                if (spell is not None and curve.spell_held < RESTART_WATCH
+                        and spell(held[4] if math.isfinite(held[4]) else start_s, math.copysign(1.0, resid))):
+                    # A spell of the host: both batches say more of it than of this curve.
+                    curve.spell_held += 1
+                    curve.suspects[-1] = (resid, x, y, w, start_s)
+                    return
                 curve.restart()
                 curve.add(held[1], held[2], held[3], decay)
                 curve.add(x, y, w, decay)
                 return
             _release(curve, decay)
-            curve.suspects.append((resid, x, y, w))
+            curve.suspects.append((resid, x, y, w, start_s))
             return
     _release(curve, decay)
+    curve.spell_held = 0
     curve.add(x, y, w, decay)
 
 
@@ -1067,7 +1141,7 @@ def _leave_one_out(est: dict[str, tuple[float, float]],
 
 def _release(curve: Curve, decay: tuple[float, float]) -> None:
     """A batch held out as a suspect that the next batch did not confirm joins the fit, down-weighted."""
-    for resid, x, y, w in curve.suspects:
+    for resid, x, y, w, _ in curve.suspects:
         fit = curve.solve()
         sd = max(fit[5], NOISE_PRIOR) if fit is not None else NOISE_PRIOR
         curve.add(x, y, w * min(1.0, OUTLIER_SD * sd / abs(resid)), decay)
