@@ -518,8 +518,12 @@ class LearnedPolicy(PolicyBase):
         guard = self.params.spell_guard >= 0.5
         for b in v.batches:
             decay = self._decay(b.latency_s)
+            spell = None
+            if guard:
+                def spell(start_s: float, side: float, end_s: float = b.finished_at_s, me: str = v.name) -> bool:
+                    return self._node_spell(me, start_s, end_s, side)
             if not b.clean:
-                self._observe_straddled(b, curve, cores, decay)
+                self._observe_straddled(b, curve, cores, decay, spell)
                 continue
             _weigh_memories(curve, b, cores, decay[1], self.params.initial_interval_s)
             curve.last_clean_s = b.finished_at_s
@@ -535,10 +539,6 @@ class LearnedPolicy(PolicyBase):
                 # It left CPU it could have had unused: a ceiling of its own (a warm-up
                 # batch, which loads the model, says nothing about it).
                 curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
-            spell = None
-            if guard:
-                def spell(start_s: float, side: float, end_s: float = b.finished_at_s, me: str = v.name) -> bool:
-                    return self._node_spell(me, start_s, end_s, side)
             _take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, decay,
                   b.finished_at_s - b.latency_s, spell)
 
@@ -580,14 +580,15 @@ class LearnedPolicy(PolicyBase):
         return 0.5**per_batch, 0.5 ** (min(per_batch, latency_s / p.half_life_s) if p.half_life_s > 0 else per_batch)
 
     @staticmethod
-    def _observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: tuple[float, float]) -> None:
+    def _observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: tuple[float, float],
+                           spell: Callable[[float, float], bool] | None = None) -> None:
         """A batch that ran partly under the previous limit, read as the batch it would have been.
 
         With t1 seconds under c1 cores and t2 under c2, its work would have taken
         t1 (c1/c2)^k + t2 under c2 alone; c1 is the cores the batch used before the
         change (its CPU-seconds less c2 t2, over t1), not the limit then. Used only when both
         limits held the batch (it used at least BINDING of what it was allowed), weighted by the
-        share it spent under the new limit: one batch sooner to see a change.
+        share it spent under the new limit: one batch sooner to see a change. `spell`: as for `_take`.
         """
         if b.limit is None or b.prev_limit is None or b.cpu_s is None:
             return
@@ -607,7 +608,7 @@ class LearnedPolicy(PolicyBase):
         fit = curve.solve()
         k = fit[1] if fit is not None else curve.k_mean
         equiv = t1 * (used_before / c2) ** k + t2
-        _take(curve, math.log(c2), math.log(equiv), 0.5 * t2 / b.latency_s, decay)
+        _take(curve, math.log(c2), math.log(equiv), 0.5 * t2 / b.latency_s, decay, start, spell)
 
     # -- deciding ------------------------------------------------------------------------
 
