@@ -171,9 +171,10 @@ class LearnedParams(BaseParams):
     noise, and give what is left to one left out for room where that is worth more than an equal split;
     0: the slow edge less 1.5 noise sd, then the band's centre as room allows (the earlier aim)."""
     spell_guard: float = 1.0
-    """1: two batches off a curve on the side most of the node's other containers are off too (a slow
-    spell of the host, not a drift of one curve) do not restart it; it is waited out for as many
-    batches as a restart is watched (docs/algorithms.md, "Spells shared by a node"); 0: they do."""
+    """1: two batches off a curve on the side the node's other containers' batches then lie off too,
+    taken together (a slow spell of the host, not a drift of one curve), do not restart it; it is
+    waited out for as many batches as a restart is watched (docs/algorithms.md, "Spells shared by a
+    node"); 0: they do."""
     thread_steps: float = 1.0
     """1: a container whose threads follow its limit (its batches say so) runs floor(limit) threads above
     one core, so it is read at the cores those threads can use and given whole cores there
