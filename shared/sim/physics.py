@@ -11,9 +11,9 @@ Physics (docs/simulator.md says the same in prose):
   threads, its CFS fair share), the fair share found by water-filling the
   node's cores over the computing containers (equal weights, like Docker's
   default cpu-shares);
-- during a node's slow spells (`spells`: start, end, factor) every batch on it
-  progresses `factor` times slower at the same CPU rate, as when a host's
-  memory bandwidth or caches are contended;
+- during a node's slow spells (`spells`: start, end, factor) the computing part
+  of every batch on it progresses `factor` times slower at the same CPU rate
+  (its overhead does not), as contended memory bandwidth or caches may do;
 - rates are piecewise constant, so the node advances from one phase end (or
   spell edge) to the next exactly (no time step).
 
