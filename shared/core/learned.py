@@ -1000,7 +1000,9 @@ def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float]
                 curve.add(held[1], held[2], held[3], decay)
                 curve.add(x, y, w, decay)
                 return
+            # A new suspect (none held, or one on the other side) breaks any chain of slow batches.
             _release(curve, decay)
+            curve.spell_held = 0
             curve.suspects.append((resid, x, y, w, start_s))
             return
     _release(curve, decay)

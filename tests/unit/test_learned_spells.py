@@ -149,3 +149,20 @@ def test_in_the_simulator_the_guard_restarts_fewer_curves_on_a_node_with_spells(
             simulate(parse_scenario({**doc, "controller": {"spell_guard": guard}}), "learned", seed)
         restarts[guard] = count["n"]
     assert restarts[0] >= 10 and restarts[1] <= 0.6 * restarts[0], restarts  # measured: 15 and 4
+
+
+def test_a_batch_off_the_other_way_ends_a_spell_and_the_next_spell_is_waited_out_in_full():
+    # Three slow batches (two waited out), one fast batch that breaks the chain, then a new spell:
+    # it is waited out for as many batches as the first one would have been, not for what is left
+    # (RESTART_WATCH - 2). The second spell is slower: the batches released at the break widen each
+    # curve's noise, and 1.4 x would soon be within it.
+    node = _settled()
+    for _ in range(3):
+        node.round(dict.fromkeys(WORK_S, 1.4))
+    node.round(dict.fromkeys(WORK_S, 0.7))
+    slow_rounds = 0
+    while node.restarts["a"] == 0:
+        node.round(dict.fromkeys(WORK_S, 2.0))
+        slow_rounds += 1
+        assert slow_rounds <= RESTART_WATCH + 2
+    assert slow_rounds == RESTART_WATCH + 2
