@@ -529,17 +529,18 @@ class LearnedPolicy(PolicyBase):
             _weigh_memories(curve, b, cores, decay[1], self.params.initial_interval_s)
             curve.last_clean_s = b.finished_at_s
             curve.batch_s = b.latency_s
-            got, limit_cores, rate = _got(b, v, curve, cores)
+            got, held, rate = _got(b, v, curve, cores)
             if got is None:
                 continue
-            if got == limit_cores:
+            if held:
                 if rate is not None and curve.sat_cores is not None and rate > curve.sat_cores:
                     curve.sat_cores = None  # it used more than its ceiling: the ceiling was wrong
-            elif rate is not None and b.index > 0 and _may_show_ceiling(limit_cores) and _had_room(
-                    node_busy, cores, limit_cores, rate):
-                # It left CPU it could have had unused: a ceiling of its own (a warm-up
-                # batch, which loads the model, says nothing about it).
-                curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
+            elif rate is not None and b.index > 0:
+                limit_cores = _limit_cores(b, curve, cores)
+                if _may_show_ceiling(limit_cores) and _had_room(node_busy, cores, limit_cores, rate):
+                    # It left CPU it could have had unused: a ceiling of its own (a warm-up
+                    # batch, which loads the model, says nothing about it).
+                    curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
             _take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, decay,
                   b.finished_at_s - b.latency_s, spell)
 
@@ -910,21 +911,25 @@ class LearnedPolicy(PolicyBase):
         return self._interval_s
 
 
-def _got(b: BatchObs, v: ContainerView, curve: Curve, cores: float) -> tuple[float | None, float | None, float | None]:
-    """(the cores a clean batch ran at, its limit in cores, the CPU rate it used): the limit where it
-    held the batch (it used at least BINDING of it), else the rate; None where neither is known."""
-    # Threads that follow the limit use only its whole cores above one: that is what binds.
-    limit_cores = None if b.limit is None else curve.at_limit(b.limit * cores)
+def _limit_cores(b: BatchObs, curve: Curve, cores: float) -> float | None:
+    """A batch's limit in the cores it can use: threads that follow it use only its whole cores above one."""
+    return None if b.limit is None else curve.at_limit(b.limit * cores)
+
+
+def _got(b: BatchObs, v: ContainerView, curve: Curve, cores: float) -> tuple[float | None, bool, float | None]:
+    """(the cores a clean batch ran at, whether its limit held it, the CPU rate it used): the limit
+    where it held the batch (it used at least BINDING of it), else the rate; None where neither is known."""
+    limit_cores = _limit_cores(b, curve, cores)
     rate = None
     if b.cpu_s is not None:
         rate = b.cpu_s / b.latency_s
     elif v.cpu_share is not None:
         rate = v.cpu_share * cores
     if limit_cores is not None and (rate is None or rate >= BINDING * limit_cores):
-        return limit_cores, limit_cores, rate
+        return limit_cores, True, rate
     if rate is not None and rate > 0:
-        return rate, limit_cores, rate
-    return None, limit_cores, rate
+        return rate, False, rate
+    return None, False, rate
 
 
 def _may_show_ceiling(limit_cores: float | None) -> bool:
