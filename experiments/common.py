@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from shared.core.controller import finished_on_clock
+
 
 class ExperimentError(Exception):
     """Bad input, or an experiment that cannot run here; one line (the CLI exits with status 2)."""
@@ -21,6 +23,15 @@ def record_stem(label: str) -> str:
     """The file and directory name of a policy's records in a real run: its label (`learned:half_life_s=0`)
     without colons, which `docker run -v SRC:DST` would read as separators."""
     return label.replace(":", "+")
+
+
+def batch_finished_s(row: dict[str, Any], read_s: float | None = None) -> float:
+    """When a recorded batch row finished, on the run's clock: read at `read_s` (default: its `t_s`), less
+    the lag its `finished_s` stamp gives (records since 27 Nov have one), by the rule the worker stamps
+    batches with (`finished_on_clock`: a lag that is not positive or is too long is not believed)."""
+    read = row["t_s"] if read_s is None else read_s
+    finished = row.get("finished_s")
+    return read if finished is None else finished_on_clock(read, read - finished)
 
 
 def read_record(path: Path) -> list[dict[str, Any]]:

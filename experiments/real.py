@@ -41,6 +41,7 @@ import pandas as pd
 
 from experiments.common import (
     ExperimentError,
+    batch_finished_s,
     busy_cores_s,
     check_interrupted,
     read_back_json,
@@ -434,7 +435,7 @@ def measured_noise(rows: Sequence[dict[str, Any]], from_s: float) -> dict[str, A
         if r.get("kind") != "batch" or r["t_s"] < from_s or r.get("batch", 1) == 0 or r["latency_s"] <= 0:
             continue
         seq = changes.get(r["container"], [])
-        end = r.get("finished_s", r["t_s"])  # when it finished, where the record says (else received)
+        end = batch_finished_s(r)
         start = end - r["latency_s"]
         stretch = sum(1 for t, _ in seq if t <= start)
         if any(start < t <= end for t, _ in seq):

@@ -35,9 +35,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from experiments.common import read_record, record_stem
+from experiments.common import batch_finished_s, read_record, record_stem
 from shared.core import registry
-from shared.core.controller import NodeController, finished_on_clock
+from shared.core.controller import NodeController
 from shared.core.policy import numeric_params
 from shared.core.types import workload_of
 
@@ -264,8 +264,7 @@ def _feed(ctl: NodeController, name: str, batches: list[tuple[float, Mapping[str
         tr.limit = limit  # the run's limit in force (the one before it, for a batch that finished before)
         workload = workload_of(r.get("model"), r.get("images"))
         # Stamped, as the worker stamps it, when it finished (records since 27 Nov say when).
-        read, finished = min(tb, t), r.get("finished_s")
-        at = read if finished is None else finished_on_clock(read, read - finished)
+        at = batch_finished_s(r, min(tb, t))
         ctl.record_latency(name, r["latency_s"], at, r.get("cpu_s"), workload,
                            follows_limit=bool(r.get("follows_limit", False)))
 

@@ -171,6 +171,18 @@ def test_a_batch_received_after_a_change_that_followed_its_end_counts_under_the_
     assert realexp.measured_noise(bare, 10.0)["batches"] == 3
 
 
+def test_a_stamp_the_worker_would_not_believe_is_not_believed_here_either():
+    # A stamp after its receipt, or one from a clock far apart, is read as received (as the worker does).
+    rows = [_decision(0.0, {"c1": 0.5}), _decision(50.0, {"c1": 0.25})]
+    rows += [_batch(44.0 + 2 * i, "c1", v) for i, v in enumerate((1.0, 1.2, 0.9))]
+    # Stamped 30 s before its receipt just after the change: read at receipt, it straddles the change.
+    far = rows + [dict(_batch(50.02, "c1", 1.1), finished_s=20.0)]
+    assert realexp.measured_noise(far, 10.0)["batches"] == 3
+    # Received before the change, stamped after it: read at receipt, it ran under the first limit.
+    ahead = rows + [dict(_batch(49.9, "c1", 1.1), finished_s=51.5)]
+    assert realexp.measured_noise(ahead, 10.0)["batches"] == 4
+
+
 def test_the_oracle_under_noise_keeps_fewer_in_band_the_noisier_the_run():
     profiles = {**BUILTIN_PROFILES, "resnet50": resnet_profile()}
     specs = realexp.plan_containers(6, ["resnet50", "mobilenetv2"], profiles, 4.0)
