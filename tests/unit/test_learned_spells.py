@@ -59,6 +59,16 @@ def _settled(guard: float = 1.0) -> _Node:
     return node
 
 
+def _rounds_to_restart(node: _Node, factor: float) -> int:
+    """Rounds of a spell of `factor` that every container shares until a's curve restarts (at most
+    RESTART_WATCH + 3)."""
+    rounds = 0
+    while node.restarts["a"] == 0 and rounds <= RESTART_WATCH + 2:
+        node.round(dict.fromkeys(WORK_S, factor))
+        rounds += 1
+    return rounds
+
+
 def test_a_spell_every_container_shares_restarts_no_curve():
     node = _settled()
     for _ in range(2):
@@ -106,13 +116,8 @@ def test_one_neighbour_slow_with_it_is_not_the_node():
 
 def test_a_spell_that_lasts_is_followed_after_as_many_batches_as_a_restart_is_watched():
     node = _settled()
-    slow_rounds = 0
-    while node.restarts["a"] == 0:
-        node.round(dict.fromkeys(WORK_S, 1.4))
-        slow_rounds += 1
-        assert slow_rounds <= RESTART_WATCH + 2
     # The first slow batch is held, RESTART_WATCH more are waited out, the next restarts.
-    assert slow_rounds == RESTART_WATCH + 2
+    assert _rounds_to_restart(node, 1.4) == RESTART_WATCH + 2
     assert node.restarts == dict.fromkeys(WORK_S, 1)
 
 
@@ -160,9 +165,4 @@ def test_a_batch_off_the_other_way_ends_a_spell_and_the_next_spell_is_waited_out
     for _ in range(3):
         node.round(dict.fromkeys(WORK_S, 1.4))
     node.round(dict.fromkeys(WORK_S, 0.7))
-    slow_rounds = 0
-    while node.restarts["a"] == 0:
-        node.round(dict.fromkeys(WORK_S, 2.0))
-        slow_rounds += 1
-        assert slow_rounds <= RESTART_WATCH + 2
-    assert slow_rounds == RESTART_WATCH + 2
+    assert _rounds_to_restart(node, 2.0) == RESTART_WATCH + 2
