@@ -554,7 +554,7 @@ class LearnedPolicy(PolicyBase):
             pred = curve.predict(got) if got is not None else None
             if pred is None:
                 continue
-            z = (math.log(b.latency_s) - pred[0]) / math.hypot(max(fit[5], NOISE_PRIOR), pred[1])
+            z = (math.log(b.latency_s) - pred[0]) / _batch_sd(fit, pred)
             curve.recent.append((b.finished_at_s - b.latency_s, b.finished_at_s, z))
         del curve.recent[:-SPELL_RECENT]
 
@@ -974,6 +974,13 @@ def _weigh_memories(curve: Curve, b: BatchObs, cores: float, decay: float, horiz
         curve.fit = None
 
 
+def _batch_sd(fit: tuple[float, ...], pred: tuple[float, float]) -> float:
+    """The sd of a batch's log latency about its curve's prediction `pred` (mean, model sd): the spread
+    of a batch where the curve is known, and what the fit does not know yet where it is not (two
+    batches may put a third limit far off). What both the drift watch and the spell notes measure by."""
+    return math.hypot(max(fit[5], NOISE_PRIOR), pred[1])
+
+
 def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float], start_s: float = math.nan,
           spell: Callable[[float, float], bool] | None = None) -> None:
     """One observation (log cores, log latency) of weight w. A batch far off the curve is held out
@@ -989,9 +996,7 @@ def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float]
     fit = curve.solve()
     if pred is not None and fit is not None and curve.n >= 2:
         resid = y - pred[0]
-        # Surprising against the spread of a batch where the curve is known, and against what the fit
-        # does not know yet where it is not (two batches may put a third limit far off).
-        sd = math.hypot(max(fit[5], NOISE_PRIOR), pred[1])
+        sd = _batch_sd(fit, pred)
         if abs(resid) > OUTLIER_SD * sd:
             held = curve.suspects[-1] if curve.suspects else None
             if held is not None and held[0] * resid > 0:
