@@ -8,10 +8,20 @@ format. Tables for people, one JSON object on the last line of stdout with
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
-from experiments import real, replay, report, threads, training_calibrate, training_real, weights
+from experiments import (
+    real,
+    real_index,
+    replay,
+    report,
+    threads,
+    training_calibrate,
+    training_real,
+    weights,
+)
 from experiments import training as training_exp
 from experiments.common import read_back_json, reading_back, update_section
 from services.cli.common import CliError, emit_json, parse_assignments, parse_seeds, profiles_from
@@ -292,6 +302,25 @@ def cmd_real(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_real_index(args: argparse.Namespace) -> int:
+    files = real_index.summary_files(args.paths)
+    rows = real_index.read_runs(files)
+    summary = real_index.summarise(rows)
+    data_rel = None
+    dirs = {f.resolve().parent for f in files}
+    if args.update and len(dirs) == 1:
+        data_rel = os.path.relpath(dirs.pop(), Path(args.update).resolve().parent)
+    md = real_index.render_markdown(rows, summary, data_rel)
+    if args.update:
+        update_section(Path(args.update), md, real_index.BEGIN, real_index.END)
+        print(f"section updated in {args.update}", file=sys.stderr)
+    if args.json:
+        emit_json({"summary": summary, "runs": rows})
+    elif not args.update:
+        print(md)
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     try:
         policy, run_settings = parse_policy_entry(args.policy)
@@ -447,6 +476,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
     p.set_defaults(func=cmd_real)
+
+    p = es.add_parser(
+        "real-index", help="every stored real run at a glance, with the real-node goals checked run by run",
+        description="Read the summaries `dqoes experiment real` wrote (every real-*.json in a directory, or the "
+        "files named) and tabulate each policy run: met, in band and CPU spent, the oracle's bound, the "
+        "second-half means beside what the oracle expects under the noise that run measured, and for the learned "
+        "allocator per kind of node how many runs met at least default's count and kept in band at least the "
+        "bound less one. Runs nothing.",
+        epilog="example: dqoes experiment real-index docs/data --update docs/results.md")
+    p.add_argument("paths", nargs="*", default=["docs/data"], metavar="PATH",
+                   help="summaries, or directories of real-*.json (default docs/data)")
+    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
+    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object (summary, runs)")
+    p.set_defaults(func=cmd_real_index)
 
     p = es.add_parser(
         "replay", help="replay a recorded real run through a policy with other settings",

@@ -1,0 +1,101 @@
+"""`dqoes experiment real-index`: the table of every stored real run, and the goals counted from it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import real_index
+from experiments.common import ExperimentError
+from services.cli.main import main
+
+
+def summary(started: str, runs: dict[str, dict], bound=(4, 4), cores=2.0, runtime="docker", n=5) -> dict:
+    real = {}
+    for p, r in runs.items():
+        real[p] = {"met_final": r["met"], "satisfied_final": r["band"], "total_cpu_cores_final": r.get("cpu", 1.9)}
+        if "half" in r:
+            real[p]["met_mean_second_half"], real[p]["satisfied_mean_second_half"] = r["half"]
+        if "expected" in r:
+            real[p]["oracle_under_noise"] = {"met": 0, "in_band": 0, "met_expected": r["expected"][0],
+                                             "in_band_expected": r["expected"][1]}
+    return {"started_at": f"{started} UTC", "runtime": runtime, "cores": cores,
+            "containers": [{"name": f"c{i:02d}"} for i in range(n)], "real": real,
+            "sim": {p: {"oracle_met": bound[0], "oracle_satisfied": bound[1]} for p in runs}}
+
+
+def test_each_run_is_checked_against_default_in_the_same_run_and_against_its_bound():
+    d = summary("2026-11-27 09:00", {"learned": {"met": 3, "band": 3}, "default": {"met": 4, "band": 1}})
+    rows = {r["policy"]: r for r in real_index.run_rows("real-a", d)}
+    assert rows["learned"]["met_not_below_default"] is False  # 3 met where default met 4
+    assert rows["learned"]["in_band_within_one_of_bound"] is True  # 3 >= 4 - 1
+    assert rows["default"]["met_not_below_default"] is None  # default is not measured against itself
+    assert rows["default"]["in_band_within_one_of_bound"] is False
+    alone = summary("2026-11-27 10:00", {"learned": {"met": 4, "band": 2}})
+    (row,) = real_index.run_rows("real-b", alone)
+    assert row["met_not_below_default"] is None and row["default_met"] is None  # no default beside it
+    assert row["in_band_within_one_of_bound"] is False
+
+
+def test_the_oracle_with_the_measured_work_is_preferred_where_the_summary_has_it():
+    d = summary("2026-11-27 09:00", {"learned": {"met": 3, "band": 2, "half": (3.0, 1.5), "expected": (3.5, 2.0)}})
+    d["real"]["learned"]["oracle_measured_work"] = {"under_noise": {"met_expected": 3.0, "in_band_expected": 1.5}}
+    (row,) = real_index.run_rows("real-a", d)
+    assert (row["expected_met"], row["expected_in_band"]) == (3.0, 1.5)
+
+
+def test_the_summary_counts_the_learned_runs_per_kind_of_node_and_not_its_variants(tmp_path):
+    files = []
+    for name, d in {
+        "real-a": summary("2026-11-27 09:00", {"learned": {"met": 4, "band": 3, "half": (3.0, 2.0), "expected": (3.0, 2.5)},
+                                               "default": {"met": 3, "band": 1}}),
+        "real-b": summary("2026-11-26 09:00", {"learned": {"met": 2, "band": 1, "half": (2.0, 1.0), "expected": (4.0, 2.0)},
+                                               "learned:pool_work=0": {"met": 5, "band": 5}}),
+        "real-host": summary("2026-11-27 11:00", {"learned": {"met": 13, "band": 5}, "default": {"met": 14, "band": 3}},
+                             bound=(15, 10), cores=8.0, runtime="cgroup", n=16),
+    }.items():
+        files.append(tmp_path / f"{name}.json")
+        files[-1].write_text(json.dumps(d))
+    rows = real_index.read_runs(real_index.summary_files([str(tmp_path)]))
+    assert [r["run"] for r in rows][:2] == ["real-b", "real-b"]  # oldest first
+    kinds = {s["node"]: s for s in real_index.summarise(rows)}
+    docker = kinds["docker, 2 cores, 5 containers"]
+    assert docker["runs"] == 2  # learned:pool_work=0 is listed, not counted
+    assert (docker["met_not_below_default"], docker["beside_default"]) == (1, 1)
+    assert (docker["in_band_within_one_of_bound"], docker["with_bound"]) == (1, 2)
+    assert docker["in_band_over_expected_median"] == pytest.approx((0.8 + 0.5) / 2)
+    assert docker["in_band_over_expected_range"] == pytest.approx([0.5, 0.8])
+    assert docker["met_over_expected_range"] == pytest.approx([0.5, 1.0])
+    host = kinds["cgroup, 8 cores, 16 containers"]
+    assert (host["met_not_below_default"], host["beside_default"]) == (0, 1)
+    assert host["in_band_over_expected_median"] is None  # no second-half means in that summary
+    md = real_index.render_markdown(rows, real_index.summarise(rows), "data")
+    assert "| docker, 2 cores, 5 containers | 2 | 1 of 1 | 1 of 2 | 0.65 (0.50-0.80; 2 runs) |" in md
+    assert "| [real-host](data/real-host.json) | 2026-11-27 11:00 | cgroup, 8 cores, 16 containers | learned | 13 / 5 |" in md
+
+
+def test_the_command_writes_its_section_and_json_and_refuses_what_is_not_a_summary(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "real-a.json").write_text(json.dumps(
+        summary("2026-11-27 09:00", {"learned": {"met": 4, "band": 3}, "default": {"met": 3, "band": 1}})))
+    md = tmp_path / "results.md"
+    md.write_text(f"# Results\n\n{real_index.BEGIN}\nstale table\n{real_index.END}\n\nafter\n")
+    assert main(["experiment", "real-index", str(data), "--update", str(md), "--json"]) == 0
+    text = md.read_text()
+    assert "stale table" not in text and text.endswith("after\n")
+    assert "| [real-a](data/real-a.json) |" in text
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["summary"][0]["met_not_below_default"] == 1 and len(out["runs"]) == 2
+    (data / "real-bad.json").write_text(json.dumps({"real": {}}))
+    before = md.read_text()
+    assert main(["experiment", "real-index", str(data), "--update", str(md)]) == 2
+    assert "real-bad.json: not a summary" in capsys.readouterr().err
+    assert md.read_text() == before  # nothing written
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ExperimentError, match="no summaries"):
+        real_index.summary_files([str(empty)])
+    with pytest.raises(ExperimentError, match="no such file"):
+        real_index.summary_files([str(tmp_path / "missing")])
