@@ -629,6 +629,36 @@ def calibration_chart(df: pd.DataFrame) -> alt.HConcatChart:
     )
 
 
+def real_runs_chart(df: pd.DataFrame) -> alt.HConcatChart:
+    """Each real run's second-half means against what the oracle expects under that run's noise, met and
+    in band side by side, one point per run; on the diagonal a run kept all the oracle expects.
+
+    `df`: run, node, policy, count ("met" or "in band"), expected, got.
+    """
+    top = float(max(df["expected"].max(), df["got"].max(), 1.0)) if len(df) else 1.0
+
+    def panel(count: str) -> alt.LayerChart:
+        part = df[df["count"] == count]
+        diagonal = alt.Chart(pd.DataFrame({"x": [0.0, top], "y": [0.0, top]})).mark_line(
+            color="gray", strokeDash=[4, 4]).encode(x="x:Q", y="y:Q")
+        points = (
+            alt.Chart(part)
+            .mark_point(filled=True, size=70)
+            .encode(
+                x=alt.X("expected:Q", title="the oracle under the run's noise expects", scale=alt.Scale(domain=[0, top])),
+                y=alt.Y("got:Q", title="mean over the run's second half", scale=alt.Scale(domain=[0, top])),
+                color=alt.Color("node:N", title=None),
+                shape=alt.Shape("policy:N", title=None),
+                tooltip=["run:N", "node:N", "policy:N", alt.Tooltip("expected:Q", format=".2f"),
+                         alt.Tooltip("got:Q", format=".2f")],
+            )
+        )
+        return (diagonal + points).properties(title=count, width=300, height=300)
+
+    return alt.hconcat(panel("met"), panel("in band"),
+                       title="dqoes experiment real-index: every stored run against the oracle under its noise")
+
+
 # --- outcomes and the ratio -------------------------------------------------------------
 
 

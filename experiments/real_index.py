@@ -184,3 +184,25 @@ def summary_files(paths: Sequence[str]) -> list[Path]:
     if not out:
         raise ExperimentError(f"no summaries (real-*.json) in {', '.join(paths)}")
     return out
+
+
+def figure_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points of the figure: per run and count, its second-half mean and the oracle's expectation
+    (runs whose summary has both)."""
+    out = []
+    for r in rows:
+        for count, got, expected in (("met", r["met_second_half"], r["expected_met"]),
+                                     ("in band", r["in_band_second_half"], r["expected_in_band"])):
+            if got is not None and expected is not None:
+                out.append({"run": r["run"], "node": node_kind(r), "policy": r["policy"], "count": count,
+                            "expected": expected, "got": got})
+    return out
+
+
+def figure(rows: Sequence[dict[str, Any]]) -> Any:
+    import pandas as pd
+
+    from dashboard import views  # figures need altair: imported only to draw
+
+    return views.real_runs_chart(pd.DataFrame(figure_rows(rows), columns=["run", "node", "policy", "count",
+                                                                          "expected", "got"]))

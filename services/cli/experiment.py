@@ -311,6 +311,15 @@ def cmd_real_index(args: argparse.Namespace) -> int:
     if args.update and len(dirs) == 1:
         data_rel = os.path.relpath(dirs.pop(), Path(args.update).resolve().parent)
     md = real_index.render_markdown(rows, summary, data_rel)
+    if args.plot:
+        from dashboard import render
+
+        render.save(real_index.figure(rows), args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+        if args.update:
+            rel = os.path.relpath(Path(args.plot).resolve(), Path(args.update).resolve().parent)
+            md = md.replace(real_index.END, f"![every stored run against the oracle under its noise]({rel})\n\n"
+                            + real_index.END)
     if args.update:
         update_section(Path(args.update), md, real_index.BEGIN, real_index.END)
         print(f"section updated in {args.update}", file=sys.stderr)
@@ -487,6 +496,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         epilog="example: dqoes experiment real-index docs/data --update docs/results.md")
     p.add_argument("paths", nargs="*", default=["docs/data"], metavar="PATH",
                    help="summaries, or directories of real-*.json (default docs/data)")
+    p.add_argument("--plot", metavar="FILE", help="write the figure (.svg or .png): each run's second-half means "
+                   "against what the oracle expects under its noise")
     p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object (summary, runs)")
     p.set_defaults(func=cmd_real_index)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 
 import pytest
 
@@ -70,6 +71,11 @@ def test_the_summary_counts_the_learned_runs_per_kind_of_node_and_not_its_varian
     host = kinds["cgroup, 8 cores, 16 containers"]
     assert (host["met_not_below_default"], host["beside_default"]) == (0, 1)
     assert host["in_band_over_expected_median"] is None  # no second-half means in that summary
+    points = real_index.figure_rows(rows)
+    # Only runs with both a second-half mean and the oracle's expectation are drawn, met and in band each.
+    assert sorted((p["run"], p["count"], p["got"], p["expected"]) for p in points) == [
+        ("real-a", "in band", 2.0, 2.5), ("real-a", "met", 3.0, 3.0),
+        ("real-b", "in band", 1.0, 2.0), ("real-b", "met", 2.0, 4.0)]
     md = real_index.render_markdown(rows, real_index.summarise(rows), "data")
     assert "| docker, 2 cores, 5 containers | 2 | 1 of 1 | 1 of 2 | 0.65 (0.50-0.80; 2 runs) |" in md
     assert "| [real-host](data/real-host.json) | 2026-11-27 11:00 | cgroup, 8 cores, 16 containers | learned | 13 / 5 |" in md
@@ -82,8 +88,12 @@ def test_the_command_writes_its_section_and_json_and_refuses_what_is_not_a_summa
         summary("2026-11-27 09:00", {"learned": {"met": 4, "band": 3}, "default": {"met": 3, "band": 1}})))
     md = tmp_path / "results.md"
     md.write_text(f"# Results\n\n{real_index.BEGIN}\nstale table\n{real_index.END}\n\nafter\n")
-    assert main(["experiment", "real-index", str(data), "--update", str(md), "--json"]) == 0
+    svg = tmp_path / "img" / "index.svg"
+    svg.parent.mkdir()
+    assert main(["experiment", "real-index", str(data), "--update", str(md), "--plot", str(svg), "--json"]) == 0
+    ET.fromstring(svg.read_text())
     text = md.read_text()
+    assert "](img/index.svg)" in text
     assert "stale table" not in text and text.endswith("after\n")
     assert "| [real-a](data/real-a.json) |" in text
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
