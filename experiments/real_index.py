@@ -12,12 +12,14 @@ made from the stored summaries (`dqoes experiment real --out` writes them), neve
 from __future__ import annotations
 
 import json
+import os
 import statistics
-from collections.abc import Sequence
+import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.common import ExperimentError
+from experiments.common import ExperimentError, update_section
 
 BEGIN = "<!-- BEGIN generated: dqoes experiment real-index -->"
 END = "<!-- END generated: dqoes experiment real-index -->"
@@ -206,3 +208,27 @@ def figure(rows: Sequence[dict[str, Any]]) -> Any:
 
     return views.real_runs_chart(pd.DataFrame(figure_rows(rows), columns=["run", "node", "policy", "count",
                                                                           "expected", "got"]))
+
+
+def run(paths: Sequence[str], plot: str | None = None, update: str | None = None,
+        log: Callable[[str], None] = lambda m: print(m, file=sys.stderr)) -> tuple[dict[str, Any], str]:
+    """Read the summaries, write the figure and the section asked for; ({summary, runs}, the section).
+    A path that holds no summary, or a file that is not one, is an ExperimentError before anything is written."""
+    files = summary_files(paths)
+    rows = read_runs(files)
+    summary = summarise(rows)
+    dirs = {f.resolve().parent for f in files}
+    data_rel = os.path.relpath(dirs.pop(), Path(update).resolve().parent) if update and len(dirs) == 1 else None
+    md = render_markdown(rows, summary, data_rel)
+    if plot:
+        from dashboard import render
+
+        render.save(figure(rows), plot)
+        log(f"plot written to {plot}")
+        if update:
+            rel = os.path.relpath(Path(plot).resolve(), Path(update).resolve().parent)
+            md = md.replace(END, f"![every stored run against the oracle under its noise]({rel})\n\n{END}")
+    if update:
+        update_section(Path(update), md, BEGIN, END)
+        log(f"section updated in {update}")
+    return {"summary": summary, "runs": rows}, md

@@ -8,7 +8,6 @@ format. Tables for people, one JSON object on the last line of stdout with
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -303,28 +302,9 @@ def cmd_real(args: argparse.Namespace) -> int:
 
 
 def cmd_real_index(args: argparse.Namespace) -> int:
-    files = real_index.summary_files(args.paths)
-    rows = real_index.read_runs(files)
-    summary = real_index.summarise(rows)
-    data_rel = None
-    dirs = {f.resolve().parent for f in files}
-    if args.update and len(dirs) == 1:
-        data_rel = os.path.relpath(dirs.pop(), Path(args.update).resolve().parent)
-    md = real_index.render_markdown(rows, summary, data_rel)
-    if args.plot:
-        from dashboard import render
-
-        render.save(real_index.figure(rows), args.plot)
-        print(f"plot written to {args.plot}", file=sys.stderr)
-        if args.update:
-            rel = os.path.relpath(Path(args.plot).resolve(), Path(args.update).resolve().parent)
-            md = md.replace(real_index.END, f"![every stored run against the oracle under its noise]({rel})\n\n"
-                            + real_index.END)
-    if args.update:
-        update_section(Path(args.update), md, real_index.BEGIN, real_index.END)
-        print(f"section updated in {args.update}", file=sys.stderr)
+    out, md = real_index.run(args.paths, plot=args.plot, update=args.update)
     if args.json:
-        emit_json({"summary": summary, "runs": rows})
+        emit_json(out)
     elif not args.update:
         print(md)
     return 0
