@@ -49,28 +49,34 @@ def read_record(path: Path) -> list[dict[str, Any]]:
 
 
 @contextlib.contextmanager
-def reading_back(from_file: str | None, what: str) -> Iterator[None]:
+def reading_back(from_file: str | None, what: str, option: str = "--from") -> Iterator[None]:
     """Around the code that reads back an earlier run's output (`--from FILE`): a file not shaped as
-    `what` says (a missing key, a value of another type) is an ExperimentError naming the file, before
-    anything is written. Without `from_file` nothing is caught: the data is the run's own."""
+    `what` says (a missing key, a value of another type) is an ExperimentError naming the file (after
+    `option`, the command-line option that named it; "" for a plain argument), before anything is
+    written. Without `from_file` nothing is caught: the data is the run's own."""
     try:
         yield
     except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:
         if not from_file:
             raise
-        raise ExperimentError(f"--from {from_file}: not {what} ({type(e).__name__}: {e})") from None
+        raise ExperimentError(f"{_named(from_file, option)}: not {what} ({type(e).__name__}: {e})") from None
 
 
-def read_back_json(from_file: str, what: str) -> dict[str, Any]:
+def read_back_json(from_file: str, what: str, option: str = "--from") -> dict[str, Any]:
     """The JSON object an earlier run wrote (`--from FILE`): a file that cannot be read, is not JSON or
-    holds no object is an ExperimentError naming the file, before anything is written."""
+    holds no object is an ExperimentError naming the file (as `reading_back` does), before anything is
+    written."""
     try:
         d = json.loads(Path(from_file).read_text())
     except (OSError, ValueError) as e:
-        raise ExperimentError(f"--from {from_file}: {e}") from None
+        raise ExperimentError(f"{_named(from_file, option)}: {e}") from None
     if not isinstance(d, dict):
-        raise ExperimentError(f"--from {from_file}: not {what} (a JSON {type(d).__name__}, not an object)")
+        raise ExperimentError(f"{_named(from_file, option)}: not {what} (a JSON {type(d).__name__}, not an object)")
     return d
+
+
+def _named(path: str, option: str) -> str:
+    return f"{option} {path}" if option else path
 
 
 def update_section(path: Path, block: str, begin: str, end: str) -> None:

@@ -567,9 +567,15 @@ def read_records(run_dir: str | Path, policies: Sequence[str]) -> dict[str, list
 # -- rendering ---------------------------------------------------------------------------------
 
 
+def met_final(r: dict[str, Any]) -> Any:
+    """Met at the plateau, None where not recorded (records written before it had its name called it
+    meets_final)."""
+    return r.get("met_final", r.get("meets_final"))
+
+
 def _met(r: dict[str, Any]) -> Any:
-    """Met at the plateau (records written before it had its name called it meets_final)."""
-    return r.get("met_final", r.get("meets_final", "-"))
+    met = met_final(r)
+    return "-" if met is None else met
 
 
 def _second_half(r: dict[str, Any], duration_s: float) -> str:

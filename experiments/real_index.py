@@ -11,7 +11,6 @@ made from the stored summaries (`dqoes experiment real --out` writes them), neve
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import sys
@@ -19,7 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.common import ExperimentError, update_section
+from experiments.common import ExperimentError, read_back_json, reading_back, update_section
+from experiments.real import met_final
 
 BEGIN = "<!-- BEGIN generated: dqoes experiment real-index -->"
 END = "<!-- END generated: dqoes experiment real-index -->"
@@ -44,11 +44,11 @@ def run_rows(name: str, d: dict[str, Any]) -> list[dict[str, Any]]:
     real, sim = d["real"], d.get("sim") or {}
     if not isinstance(real, dict) or not real:
         raise ValueError("no policy runs (\"real\")")
-    default_met = _num((real.get("default") or {}).get("met_final", (real.get("default") or {}).get("meets_final")))
+    default_met = _num(met_final(real.get("default") or {}))
     rows = []
     for policy, r in real.items():
         s = sim.get(policy) or {}
-        met = _num(r.get("met_final", r.get("meets_final")))
+        met = _num(met_final(r))
         ex = _expected(r)
         bound_met, bound_band = _num(s.get("oracle_met")), _num(s.get("oracle_satisfied"))
         band = _num(r["satisfied_final"])
@@ -69,15 +69,16 @@ def run_rows(name: str, d: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+WHAT = "a summary `dqoes experiment real` writes"
+
+
 def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
     """Rows of every summary, oldest run first. ExperimentError naming the file that is not a summary."""
     rows: list[dict[str, Any]] = []
     for p in paths:
-        try:
-            d = json.loads(p.read_text())
+        d = read_back_json(str(p), WHAT, option="")
+        with reading_back(str(p), WHAT, option=""):
             rows += run_rows(p.stem, d)
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            raise ExperimentError(f"{p}: not a summary `dqoes experiment real` writes ({e})") from None
     return sorted(rows, key=lambda r: (r["started_at"], r["run"]))
 
 
@@ -135,8 +136,10 @@ def _median(s: dict[str, Any], key: str) -> str:
     return "-" if m is None else f"{m:.2f} ({rg[0]:.2f}-{rg[1]:.2f}; {s['with_expectation']} runs)"
 
 
-def render_markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], data_rel: str | None) -> str:
-    """The generated section: the per-kind count of goals reached, then one row per policy run."""
+def render_markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], data_rel: str | None,
+                    plot_rel: str | None = None) -> str:
+    """The generated section: the per-kind count of goals reached, then one row per policy run, then the
+    figure where one was written (`plot_rel`, relative to the Markdown file)."""
     lines = [BEGIN, ""]
     lines.append("From the summaries `dqoes experiment real` stored"
                  + (f" in [{data_rel}/]({data_rel}/)" if data_rel else "")
@@ -169,7 +172,10 @@ def render_markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, 
             f"{_pair(r['met_second_half'], r['in_band_second_half'], '{:.1f}')} | "
             f"{_pair(r['expected_met'], r['expected_in_band'], '{:.2f}')} | {_yes(r['met_not_below_default'])} | "
             f"{_yes(r['in_band_within_one_of_bound'])} |")
-    lines += ["", END]
+    lines.append("")
+    if plot_rel:
+        lines += [f"![every stored run against the oracle under its noise]({plot_rel})", ""]
+    lines.append(END)
     return "\n".join(lines)
 
 
@@ -218,16 +224,15 @@ def run(paths: Sequence[str], plot: str | None = None, update: str | None = None
     rows = read_runs(files)
     summary = summarise(rows)
     dirs = {f.resolve().parent for f in files}
-    data_rel = os.path.relpath(dirs.pop(), Path(update).resolve().parent) if update and len(dirs) == 1 else None
-    md = render_markdown(rows, summary, data_rel)
+    here = Path(update).resolve().parent if update else None
+    data_rel = os.path.relpath(dirs.pop(), here) if here and len(dirs) == 1 else None
+    plot_rel = os.path.relpath(Path(plot).resolve(), here) if here and plot else None
+    md = render_markdown(rows, summary, data_rel, plot_rel)
     if plot:
         from dashboard import render
 
         render.save(figure(rows), plot)
         log(f"plot written to {plot}")
-        if update:
-            rel = os.path.relpath(Path(plot).resolve(), Path(update).resolve().parent)
-            md = md.replace(END, f"![every stored run against the oracle under its noise]({rel})\n\n{END}")
     if update:
         update_section(Path(update), md, BEGIN, END)
         log(f"section updated in {update}")
