@@ -460,7 +460,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="run nothing: report (and --plot/--update) from a summary.json written earlier")
     p.add_argument("--records", metavar="DIR",
                    help="with --from: the run's --out directory, to add what an older summary lacks (the noise "
-                   "each run saw and the oracle under it); --json prints the completed summary")
+                   "each run saw and the oracle under it, each container's second-half batches one by one); --json prints "
+                   "the completed summary")
     p.add_argument("--plot", metavar="FILE", help="write the figure (.svg or .png)")
     p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")

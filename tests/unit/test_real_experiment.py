@@ -347,3 +347,33 @@ def test_the_forecast_and_the_bounds_run_threads_as_the_workloads_do():
     follows = realexp.forecast(realexp.sim_scenario(specs, profiles, 8.0, 300, follows=True), "learned")
     assert follows["final"]["c01"]["limit"] * 8.0 == pytest.approx(2.0) and follows["met_final"] == 8
     assert realexp.forecast(realexp.sim_scenario(specs, profiles, 8.0, 300), "learned")["met_final"] == 7
+
+
+def test_each_containers_second_half_batches_are_counted_one_by_one(tmp_path, capsys):
+    # What a client of one container lived through: every batch of the second half, not only the
+    # latest one the plateau counts. The warm-up and the first half are left out.
+    d = _older_summary()
+    c01, c02 = (c["name"] for c in d["containers"])
+    o = next(c["objective_s"] for c in d["containers"] if c["name"] == c01)
+    rows = [_decision(0.0, {c01: 0.5, c02: 0.5}),
+            _batch(10.0, c01, 5.0 * o),  # first half (the run is 100 s)
+            _batch(55.0, c02, 9.0 * o, index=0)]  # a warm-up
+    # c01: in band, met but faster than its band, too slow, in band again.
+    rows += [_batch(60.0 + 3 * i, c01, f * o) for i, f in enumerate((1.0, 0.8, 1.3, 1.05))]
+    got = realexp.batches_by_container(d, rows, 50.0)
+    assert got == {c01: {"batches": 4, "met": 0.75, "in_band": 0.5, "faster": 0.25, "median_to_objective": 1.025}}
+    src, rec = tmp_path / "summary.json", tmp_path / "run"
+    src.write_text(json.dumps(d))
+    rec.mkdir()
+    (rec / "learned.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert json.loads(out.strip().splitlines()[-1])["real"]["learned"]["second_half_batches"] == got
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec)]) == 0
+    out = capsys.readouterr().out
+    assert f"| {c01} | {o:g} | 75% / 50% / 25% / {1.025:.2f} (4) |" in out
+    o2 = next(c["objective_s"] for c in d["containers"] if c["name"] == c02)
+    assert f"| {c02} | {o2:g} | - |" in out  # no batch but its warm-up in the second half
+    # Without records there is nothing to count: no table.
+    assert main(["experiment", "real", "--from", str(src)]) == 0
+    assert "Batch by batch" not in capsys.readouterr().out
