@@ -212,6 +212,18 @@ def _older_summary() -> dict:
             "sim": {}}
 
 
+def _completed_from_records(tmp_path, capsys, d: dict, rows: list) -> tuple:
+    """`d` written as a summary and `rows` as its learned run's records; the learned run's summary as
+    `--from ... --records ... --json` completes it: (summary path, records dir, that summary)."""
+    src, rec = tmp_path / "summary.json", tmp_path / "run"
+    src.write_text(json.dumps(d))
+    rec.mkdir()
+    (rec / "learned.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--json"]) == 0
+    out = capsys.readouterr().out
+    return src, rec, json.loads(out.strip().splitlines()[-1])["real"]["learned"]
+
+
 def test_an_older_summary_gets_its_noise_from_the_records(tmp_path, capsys):
     d = _older_summary()
     src = tmp_path / "summary.json"
@@ -262,13 +274,7 @@ def test_the_oracle_again_with_the_work_per_batch_each_run_measured(tmp_path, ca
     halved = realexp.oracle_with_work(d, BUILTIN_PROFILES, {"resnet50": 0.5 * work}, 0.05)
     assert (calibrated["met"], halved["met"]) == (1, 2)
     assert calibrated["under_noise"] is None and halved["under_noise"]["met_expected"] > 1.5
-    src, rec = tmp_path / "summary.json", tmp_path / "run"
-    src.write_text(json.dumps(d))
-    rec.mkdir()
-    (rec / "learned.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--json"]) == 0
-    out = capsys.readouterr().out
-    got = json.loads(out.strip().splitlines()[-1])["real"]["learned"]
+    src, rec, got = _completed_from_records(tmp_path, capsys, d, rows)
     assert got["oracle_measured_work"] == realexp.oracle_with_work(
         d, BUILTIN_PROFILES, {"resnet50": round(0.5 * work, 4)}, got["noise"]["sd"])
     assert main(["experiment", "real", "--from", str(src), "--records", str(rec)]) == 0
@@ -362,13 +368,8 @@ def test_each_containers_second_half_batches_are_counted_one_by_one(tmp_path, ca
     rows += [_batch(60.0 + 3 * i, c01, f * o) for i, f in enumerate((1.0, 0.8, 1.3, 1.05))]
     got = realexp.batches_by_container(d, rows, 50.0)
     assert got == {c01: {"batches": 4, "met": 0.75, "in_band": 0.5, "faster": 0.25, "median_to_objective": 1.025}}
-    src, rec = tmp_path / "summary.json", tmp_path / "run"
-    src.write_text(json.dumps(d))
-    rec.mkdir()
-    (rec / "learned.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
-    assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--json"]) == 0
-    out = capsys.readouterr().out
-    assert json.loads(out.strip().splitlines()[-1])["real"]["learned"]["second_half_batches"] == got
+    src, rec, completed = _completed_from_records(tmp_path, capsys, d, rows)
+    assert completed["second_half_batches"] == got
     assert main(["experiment", "real", "--from", str(src), "--records", str(rec)]) == 0
     out = capsys.readouterr().out
     assert f"| {c01} | {o:g} | 75% / 50% / 25% / {1.025:.2f} (4) |" in out
