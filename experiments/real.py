@@ -433,10 +433,12 @@ def measured_noise(rows: Sequence[dict[str, Any]], from_s: float) -> dict[str, A
                 seq.append((r["t_s"], c["new_limit"]))
     groups: dict[tuple[str, int], list[float]] = {}
     for r in rows:
-        if r.get("kind") != "batch" or r["t_s"] < from_s or r.get("batch", 1) == 0 or r["latency_s"] <= 0:
+        if r.get("kind") != "batch" or r.get("batch", 1) == 0 or r["latency_s"] <= 0:
+            continue
+        end = batch_finished_s(r)
+        if end < from_s:
             continue
         seq = changes.get(r["container"], [])
-        end = batch_finished_s(r)
         start = end - r["latency_s"]
         stretch = sum(1 for t, _ in seq if t <= start)
         if any(start < t <= end for t, _ in seq):

@@ -171,6 +171,21 @@ def test_a_batch_received_after_a_change_that_followed_its_end_counts_under_the_
     assert realexp.measured_noise(bare, 10.0)["batches"] == 3
 
 
+def test_the_noise_window_opens_on_when_batches_finished_as_the_per_batch_counts_do():
+    import math
+    rows = [_decision(0.0, {"c1": 0.5})]
+    rows += [_batch(44.0 + 2 * i, "c1", v) for i, v in enumerate((1.0, 1.2, 0.9))]
+    # Finished at 49.9 s, received at 50.1 s: before a window opening at 50 s, so left out.
+    late = rows + [dict(_batch(50.1, "c1", 3.0), finished_s=49.9)]
+    late += [dict(_batch(52.0 + 2 * i, "c1", v), finished_s=51.9 + 2 * i) for i, v in enumerate((1.1, 1.0, 1.3))]
+    ys = [math.log(v) for v in (1.1, 1.0, 1.3)]
+    mean = sum(ys) / 3
+    want = math.sqrt(sum((y - mean) ** 2 for y in ys) / 2)
+    assert realexp.measured_noise(late, 50.0) == {"sd": round(want, 4), "batches": 3}
+    d = {"containers": [{"name": "c1", "objective_s": 1.0}]}
+    assert realexp.batches_by_container(d, late, 50.0)["c1"]["batches"] == 3
+
+
 def test_a_stamp_the_worker_would_not_believe_is_not_believed_here_either():
     # A stamp after its receipt, or one from a clock far apart, is read as received (as the worker does).
     rows = [_decision(0.0, {"c1": 0.5}), _decision(50.0, {"c1": 0.25})]
