@@ -33,7 +33,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -416,6 +416,18 @@ NOISE_MIN_BATCHES = 3
 """Batches at one unchanged limit before their spread counts towards a run's noise."""
 
 
+def _window_batches(rows: Sequence[dict[str, Any]], from_s: float) -> Iterator[tuple[dict[str, Any], float]]:
+    """The batch rows that finished from `from_s` on, each with when it finished: warm-ups (which load
+    the model) and batches without a positive latency left out. One window for every per-batch measure
+    of a run, so that they count the same batches."""
+    for r in rows:
+        if r.get("kind") != "batch" or r.get("batch", 1) == 0 or not r["latency_s"] > 0:
+            continue
+        end = batch_finished_s(r)
+        if end >= from_s:
+            yield r, end
+
+
 def measured_noise(rows: Sequence[dict[str, Any]], from_s: float) -> dict[str, Any] | None:
     """The batch-to-batch noise a run saw: the pooled standard deviation of log latency between
     batches of one container at one unchanged limit, over batches that finished from `from_s` on.
@@ -432,12 +444,7 @@ def measured_noise(rows: Sequence[dict[str, Any]], from_s: float) -> dict[str, A
             if not seq or seq[-1][1] != c["new_limit"]:
                 seq.append((r["t_s"], c["new_limit"]))
     groups: dict[tuple[str, int], list[float]] = {}
-    for r in rows:
-        if r.get("kind") != "batch" or r.get("batch", 1) == 0 or r["latency_s"] <= 0:
-            continue
-        end = batch_finished_s(r)
-        if end < from_s:
-            continue
+    for r, end in _window_batches(rows, from_s):
         seq = changes.get(r["container"], [])
         start = end - r["latency_s"]
         stretch = sum(1 for t, _ in seq if t <= start)
@@ -469,10 +476,8 @@ def batches_by_container(d: dict[str, Any], rows: Sequence[dict[str, Any]], from
     limit (never met)."""
     objective = {c["name"]: c["objective_s"] for c in d["containers"]}
     seen: dict[str, list[float]] = {}
-    for r in rows:
-        if r.get("kind") != "batch" or r.get("batch", 1) == 0 or r.get("container") not in objective:
-            continue
-        if batch_finished_s(r) < from_s or not r["latency_s"] > 0:
+    for r, _ in _window_batches(rows, from_s):
+        if r.get("container") not in objective:
             continue
         seen.setdefault(r["container"], []).append(float(r["latency_s"]))
     out = {}
