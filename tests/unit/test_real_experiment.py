@@ -7,6 +7,7 @@ experiment (docs/results.md), not a test.
 from __future__ import annotations
 
 import json
+import math
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -139,7 +140,6 @@ def _decision(t, limits):
 
 
 def test_the_noise_a_run_saw_is_the_spread_at_one_unchanged_limit():
-    import math
     rows = [_decision(0.0, {"c1": 0.5, "c2": 0.25}), _decision(50.0, {"c1": 0.25, "c2": 0.25}),
             # before the window, the warm-up, a stretch too short: none counts
             _batch(5.0, "c1", 9.0), _batch(21.0, "c2", 9.0, index=0), _batch(22.0, "c2", 1.0),
@@ -158,7 +158,6 @@ def test_the_noise_a_run_saw_is_the_spread_at_one_unchanged_limit():
 
 
 def test_a_batch_received_after_a_change_that_followed_its_end_counts_under_the_limit_it_ran_under():
-    import math
     rows = [_decision(0.0, {"c1": 0.5}), _decision(50.0, {"c1": 0.25})]
     rows += [_batch(44.0 + 2 * i, "c1", v) for i, v in enumerate((1.0, 1.2, 0.9))]
     rows += [dict(_batch(50.02, "c1", 1.1), finished_s=49.99)]  # received 20 ms after the change
@@ -172,7 +171,6 @@ def test_a_batch_received_after_a_change_that_followed_its_end_counts_under_the_
 
 
 def test_the_noise_window_opens_on_when_batches_finished_as_the_per_batch_counts_do():
-    import math
     rows = [_decision(0.0, {"c1": 0.5})]
     rows += [_batch(44.0 + 2 * i, "c1", v) for i, v in enumerate((1.0, 1.2, 0.9))]
     # Finished at 49.9 s, received at 50.1 s: before a window opening at 50 s, so left out.
