@@ -11,7 +11,7 @@ help:
 	@echo "make test     set up and run the test suite"
 	@echo "make bench    run the benchmarks and print figures"
 	@echo "make fuzz     10,000 generated bad inputs at every entry point (minutes)"
-	@echo "make bench-policies  every policy on 20 held-out random clusters; tables into docs/results.md"
+	@echo "make bench-policies  every policy on 320 held-out random clusters and 20 of the paper's; tables into docs/results.md"
 	@echo "make bench-stress    the same on scarce, crowded, roomy, noisy, tight-band, sticky-noise and threads-follow variants"
 	@echo "make results  regenerate the generated tables in docs/results.md"
 	@echo "make figures  regenerate the figures in docs/img (Altair, rendered offline; the screenshot needs chromium)"

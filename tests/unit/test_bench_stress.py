@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import orjson
+import pytest
 
 from bench import bench_stress
 from bench.bench_policies import run_sets
@@ -44,3 +45,33 @@ def test_the_stress_suite_runs_every_variant_on_the_held_out_seeds(monkeypatch):
     assert [name for name, _ in seen["sets"]] == list(STRESS)
     assert all(seeds == tuple(range(1001, 1021)) for _, seeds in seen["sets"])
     assert seen["prior_error"] is None and seen["begin"] != seen["end"]
+
+
+def test_sets_of_one_scenario_are_also_pooled_over_all_their_seeds(tmp_path, monkeypatch):
+    doc = tmp_path / "results.md"
+    doc.write_text(f"{bench_stress.BEGIN}\n{bench_stress.END}\n")
+    monkeypatch.setenv("DQOES_BENCH_UPDATE", str(doc))
+    out = tmp_path / "two.json"
+    sets = [("random-cluster-crowded", (2,)), ("random-cluster-crowded", (3,)), ("random-cluster-scarce", (2,))]
+    figures = run_sets(sets, None, out, bench_stress.BEGIN, bench_stress.END)
+
+    pooled = "random-cluster-crowded, every set above"
+    # Only the scenario run in more than one set is pooled.
+    assert set(figures) == {"random-cluster-crowded, seeds 2-2", "random-cluster-crowded, seeds 3-3",
+                            "random-cluster-scarce, seeds 2-2", pooled}
+    saved = orjson.loads(out.read_bytes())
+    runs = saved["random-cluster-crowded, seeds 2-2"]["runs"] + saved["random-cluster-crowded, seeds 3-3"]["runs"]
+
+    def total(policy, count):
+        return sum(r[count] for r in runs if r["policy"] == policy)
+
+    band = figures[pooled]["learned_in_band_to_oracle_policy"]
+    # The ratio of sums over both sets' seeds, not a mean of the two sets' ratios.
+    assert band["value"] == pytest.approx(total("learned", "in_band") / total("oracle", "in_band"))
+    assert band["goal"] == 0.95 and band["se"] is not None
+    met = figures[pooled]["learned_met_to_oracle_policy"]
+    assert met["value"] == pytest.approx(total("learned", "met") / total("oracle", "met"))
+    assert saved[pooled]["pooled"] == 2
+    text = doc.read_text()
+    assert "#### random-cluster-crowded, every held-out seed above together (2 seeds)" in text
+    assert f"in band {band['value']:.4f} x" in text
