@@ -66,7 +66,8 @@ END = "<!-- END generated: make bench-policies -->"
 
 def seed_sets() -> list[tuple[str, tuple[int, ...]]]:
     """(scenario, seeds) to run: $DQOES_BENCH_SEEDS (e.g. 1001-1005) of each scenario for a quicker
-    look; by default the held-out twenty of each, then the further hundred of the random clusters."""
+    look; by default the held-out twenty of each, then the further hundred and the fresh two hundred of
+    the random clusters."""
     text = os.environ.get("DQOES_BENCH_SEEDS")
     if not text:
         return [(name, SEEDS) for name in SCENARIOS] + [FURTHER, FRESH]
@@ -81,7 +82,8 @@ def run() -> dict[str, Any]:
 def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, begin: str,
              end: str) -> dict[str, Any]:
     """Every policy on each (scenario, seeds); print the figures, write them to `out` (JSON) and, with
-    $DQOES_BENCH_UPDATE, into that file's section between `begin` and `end`."""
+    $DQOES_BENCH_UPDATE, into that file's section between `begin` and `end`. A scenario run in more than
+    one set also gets its ratios to the oracle policy over all its seeds together (`pooled`)."""
     res: dict[str, Any] = {}
     every: dict[str, list[policies.Run]] = {}
     t0 = time.monotonic()
