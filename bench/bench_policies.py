@@ -57,6 +57,15 @@ FRESH = ("random-cluster-40", tuple(range(9001, 9201)))
 """Two hundred more, chosen on 28 Nov 2026 before they were run, to narrow the held-out in-band ratio's
 standard error (then 0.0126 over the hundred); run once, reported as they came, with the ratio pooled
 over every held-out seed of the random clusters beside it."""
+ADDED = {
+    FURTHER: "Added on 25 Nov 2026: the twenty seeds above missed the in-band goal by less than their standard "
+             "error, so a hundred more, never run before, were run once; they are reported as they came and run "
+             "with the others from then on.",
+    FRESH: "Added on 28 Nov 2026: two hundred more, chosen before they were run, to narrow the standard error of "
+           "the in-band ratio (0.0126 over the hundred above); run once and reported as they came, with the "
+           "others from then on.",
+}
+"""What the section says of a set added after the first twenty, above its table."""
 SCENARIOS = ("random-cluster-40", "paper-cluster-40")
 PRIOR_ERROR = 0.30
 OUT = Path(__file__).resolve().parent / "out" / "policies.json"
@@ -97,15 +106,8 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
         print(f"  {key} ({len(chosen)}):")
         print("\n".join("    " + line for line in policies.table(summary).splitlines()))
         learned, dqoes = summary["learned"], summary["dqoes"]
-        ratio_met, se_met = policies.paired_ratio(runs, "learned", "oracle", "met")
-        ratio_band, se_band = policies.paired_ratio(runs, "learned", "oracle", "in_band")
         figures = {
-            "learned_met_to_oracle_policy": report(f"{where}: learned met / oracle policy (same runs)",
-                                                   ratio_met or 0.0, "x", goal=0.97, lower_is_better=False,
-                                                   se=se_met),
-            "learned_in_band_to_oracle_policy": report(f"{where}: learned in band / oracle policy (same runs)",
-                                                       ratio_band or 0.0, "x", goal=0.95, lower_is_better=False,
-                                                       se=se_band),
+            **_to_oracle_policy(runs, where),
             "learned_met_to_oracle_bound": report(f"{where}: learned met / oracle bound",
                                                   learned["met_to_oracle"] or 0.0, "x", goal=0.97,
                                                   lower_is_better=False),
@@ -150,16 +152,22 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
 def pooled(name: str, runs: list[policies.Run], count: int) -> dict[str, Any]:
     """The learned allocator's met and in band over the oracle policy's, paired over every seed of
     `name`'s sets together: one ratio of means, its standard error over all the seeds."""
-    where = f"{name}, every held-out seed ({count})"
+    return {"scenario": name, "pooled": count,
+            "figures": _to_oracle_policy(runs, f"{name}, every held-out seed ({count})")}
+
+
+def _to_oracle_policy(runs: list[policies.Run], where: str) -> dict[str, Any]:
+    """The headline figures: the learned allocator's met and in band over the oracle policy's in the
+    same runs (ratio of means, standard error over the paired seeds)."""
     ratio_met, se_met = policies.paired_ratio(runs, "learned", "oracle", "met")
     ratio_band, se_band = policies.paired_ratio(runs, "learned", "oracle", "in_band")
-    return {"scenario": name, "pooled": count, "figures": {
+    return {
         "learned_met_to_oracle_policy": report(f"{where}: learned met / oracle policy (same runs)",
                                                ratio_met or 0.0, "x", goal=0.97, lower_is_better=False, se=se_met),
         "learned_in_band_to_oracle_policy": report(f"{where}: learned in band / oracle policy (same runs)",
                                                    ratio_band or 0.0, "x", goal=0.95, lower_is_better=False,
                                                    se=se_band),
-    }}
+    }
 
 
 def _progress(total: int, t0: float) -> Callable[[str], None]:
@@ -173,6 +181,13 @@ def _progress(total: int, t0: float) -> Callable[[str], None]:
     return progress
 
 
+def _ratios_sentence(figures: dict[str, Any], over: str) -> str:
+    """The headline ratios as the section writes them."""
+    return (f"The learned allocator against the oracle policy over {over} (ratio of means; standard error over "
+            f"the paired seeds): met {_with_se(figures['learned_met_to_oracle_policy'])} (goal 0.97); in band "
+            f"{_with_se(figures['learned_in_band_to_oracle_policy'])} (goal 0.95).")
+
+
 def _with_se(figure: dict[str, Any]) -> str:
     se = figure.get("se")
     return f"{figure['value']:.4f} x" + ("" if se is None else f", standard error {se:.4f}")
@@ -182,27 +197,17 @@ def markdown(res: dict[str, Any], begin: str = BEGIN, end: str = END) -> str:
     lines = [begin, ""]
     for v in res.values():
         if "pooled" in v:
-            f = v["figures"]
             lines.append(f"#### {v['scenario']}, every held-out seed above together ({v['pooled']} seeds)")
             lines.append("")
-            lines.append(f"The learned allocator against the oracle policy over all these seeds at once (ratio "
-                         f"of means; standard error over the paired seeds): met "
-                         f"{_with_se(f['learned_met_to_oracle_policy'])} (goal 0.97); in band "
-                         f"{_with_se(f['learned_in_band_to_oracle_policy'])} (goal 0.95).")
+            lines.append(_ratios_sentence(v["figures"], "all these seeds at once"))
             lines.append("")
             continue
         s = v["seeds"]
         lines.append(f"#### {v['scenario']}, seeds {s[0]}-{s[-1]} ({len(s)} seeds, not used while developing)")
         lines.append("")
-        if (v["scenario"], tuple(s)) == FURTHER:
-            lines.append("Added on 25 Nov 2026: the twenty seeds above missed the in-band goal by less than their "
-                         "standard error, so a hundred more, never run before, were run once; they are reported "
-                         "as they came and run with the others from then on.")
-            lines.append("")
-        if (v["scenario"], tuple(s)) == FRESH:
-            lines.append("Added on 28 Nov 2026: two hundred more, chosen before they were run, to narrow the "
-                         "standard error of the in-band ratio (0.0126 over the hundred above); run once and "
-                         "reported as they came, with the others from then on.")
+        note = ADDED.get((v["scenario"], tuple(s)))
+        if note:
+            lines.append(note)
             lines.append("")
         lines.append(policies.table(v["summary"]))
         lines.append("")
@@ -215,12 +220,8 @@ def markdown(res: dict[str, Any], begin: str = BEGIN, end: str = END) -> str:
                      f"{o['noise_oracle_in_band_mean']:.1f} expected; no allocation can expect more than "
                      f"{o['ceiling_met_mean']:.1f} met or {o['ceiling_in_band_mean']:.1f} in band (each alone). "
                      f"The noise-free bound: {o['oracle_met_mean']:.1f} / {o['oracle_in_band_mean']:.1f}.")
-        f = v["figures"]
-        met, band = f["learned_met_to_oracle_policy"], f["learned_in_band_to_oracle_policy"]
         lines.append("")
-        lines.append(f"The learned allocator against the oracle policy over the same seeds (ratio of means; "
-                     f"standard error over the paired seeds): met {_with_se(met)} (goal 0.97); in band "
-                     f"{_with_se(band)} (goal 0.95).")
+        lines.append(_ratios_sentence(v["figures"], "the same seeds"))
         lines.append("")
     lines.append(end)
     return "\n".join(lines)
