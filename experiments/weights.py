@@ -15,7 +15,12 @@ less, and whether weights set from the limits give it back:
     kernel's maximum x (limit cores / node cores), clamped to the valid range,
     the neighbour left at the default;
 (d) parent (only when asked): as (c), and the managed groups' parent group
-    weighted the same way from the sum of their limits.
+    weighted the same way from the sum of their limits;
+(e) alone-weighted (only when asked): as (a), with (c)'s weights. Quotas that
+    sum to the node are not all delivered even with no neighbour: within a
+    CFS period, runnable groups share the CPUs by weight until each has used
+    its quota, so with equal weights a group with a large quota is still
+    running when the others are throttled and may run out of period first.
 
 CFS shares by weight between siblings only, so where the neighbour sits
 matters: `--neighbour-at sibling` (default) puts it beside the managed groups
@@ -86,6 +91,7 @@ CONDITIONS = {
     "neighbour": ("(b) neighbour, default weights", True, False),
     "weighted": ("(c) neighbour, managed weights from the limits", True, True),
     "parent": ("(d) neighbour, managed and parent weights from the limits", True, True),
+    "alone-weighted": ("(e) no neighbour, managed weights from the limits", False, True),
 }
 """name: (label, neighbour running, managed weights set); "parent" also weights the managed groups' parent."""
 DEFAULT_CONDITIONS = "alone,neighbour,weighted"
@@ -186,8 +192,7 @@ def validate(opts: WeightsOptions) -> tuple[float, list[float], list[str]]:
 
 def managed_weight(version: int, quota_cores: float, cores: float) -> float:
     """Condition (c)'s weight: the kernel's maximum x (limit / node), as a multiple of the default."""
-    scale = cgroupfs.weight_scale(version)  # type: ignore[arg-type]
-    return scale.raw_for(scale.max_weight * quota_cores / cores) / scale.default_raw
+    return cgroupfs.weight_for_share(version, quota_cores / cores)  # type: ignore[arg-type]
 
 
 # -- processes in groups ---------------------------------------------------------------------
@@ -458,6 +463,7 @@ def _measure(opts: WeightsOptions, run: _Run, cores: float, quotas: list[float],
                 "ratio": round(used / m.quota_cores, 4),
                 "throttled_share": None if periods <= 0 else round(throttled / periods, 4),
                 "latency_median_s": round(statistics.median(lat), 4) if lat else None, "batches": len(lat),
+                "latency_log_sd": _log_sd(lat),
             })
         neighbour_cores = (b.usage_s[neighbour.name] - a.usage_s[neighbour.name]) / dt
         results.append({
@@ -472,6 +478,13 @@ def _measure(opts: WeightsOptions, run: _Run, cores: float, quotas: list[float],
         log(f"    cores received / quota: {got}; neighbour {neighbour_cores:.3f}")
     return {"conditions": results, "neighbour_at": opts.neighbour_at, "weight_file": scale.file, "weight_default_raw": scale.default_raw,
             "weight_max_raw": scale.max_raw, "cgroup_version": version}
+
+
+def _log_sd(latencies: Sequence[float]) -> float | None:
+    """The batch-to-batch noise at one quota: the sd of log latency (None under three batches)."""
+    if len(latencies) < 3:
+        return None
+    return round(statistics.stdev(math.log(x) for x in latencies), 4)
 
 
 # -- the command -----------------------------------------------------------------------------
@@ -548,35 +561,38 @@ def render_markdown(out: dict[str, Any], section: str | None = None) -> str:
     else:
         what = "one busy loop per started core of quota in each managed group (no real workload)"
     begin, end = markers(section)
-    if res.get("neighbour_at") == "root":
-        where = ("beside the managed groups' parent group at the top of the hierarchy (as a host process outside "
-                 "Docker's docker/ group would be)")
+    if not any(c["neighbour"] for c in res["conditions"]):
+        neighbour = "no condition ran the unmanaged neighbour"
+    elif res.get("neighbour_at") == "root":
+        neighbour = ("the unmanaged neighbour is one busy loop per core with no quota, beside the managed groups' "
+                     "parent group at the top of the hierarchy (as a host process outside Docker's docker/ group "
+                     "would be)")
     else:
-        where = ("beside the managed groups under their parent group (as another container under Docker's docker/ "
-                 "group would be)")
+        neighbour = ("the unmanaged neighbour is one busy loop per core with no quota, beside the managed groups "
+                     "under their parent group (as another container under Docker's docker/ group would be)")
     lines = [begin, ""]
     lines.append(
         f"Measured {meta.get('measured_at', '?')} with `{meta.get('command', 'dqoes experiment weights')}` (root) "
         f"on {meta.get('cores', '?')} cores ({meta.get('cpu_model', '?')}), cgroup {meta.get('cgroup', '?')}, "
         f"node of {meta.get('node_cores', '?'):g} cores; load average before the run "
-        f"{' '.join(str(x) for x in load)}. Plain processes in cgroups: {what}; the unmanaged neighbour is one "
-        f"busy loop per core with no quota, {where}. Each condition: {meta.get('warmup_s', '?'):g} s warm-up, then "
+        f"{' '.join(str(x) for x in load)}. Plain processes in cgroups: {what}; {neighbour}. Each condition: {meta.get('warmup_s', '?'):g} s warm-up, then "
         f"{meta.get('duration_s', '?'):g} s measured. *Cores received* is the group's CPU counter over the "
         f"measured window; *throttled* the share of CFS periods in which it ran out of quota; weights are the raw "
         f"`{wf}` values (default {res.get('weight_default_raw', '?')}, maximum {res.get('weight_max_raw', '?')}); "
-        f"in (c) each managed group's is the maximum x quota / node cores, in (d) also the parent's, from the sum "
-        f"of the quotas."
+        f"in (c) and (e) each managed group's is the maximum x quota / node cores, in (d) also the parent's, from "
+        f"the sum of the quotas; *batch noise* the sd of log batch latency over the measured window."
     )
     lines.append("")
     lines.append(f"| condition | group | quota (cores) | `{wf}` | cores received | received / quota | throttled "
-                 "periods | batch latency, median (s) | batches |")
-    lines.append("|---|---|---|---|---|---|---|---|---|")
+                 "periods | batch latency, median (s) | batch noise | batches |")
+    lines.append("|---|---|---|---|---|---|---|---|---|---|")
     for c in res["conditions"]:
         for r in c["groups"]:
             share = "-" if r["throttled_share"] is None else f"{100 * r['throttled_share']:.0f}%"
             lines.append(f"| {c['label']} | {r['group']} | {r['quota_cores']:g} | {r['weight_raw']} | "
                          f"{r['cores']:.3f} | {r['ratio']:.2f} | {share} | "
-                         f"{_num(r['latency_median_s'], '.3f')} | {r['batches']} |")
+                         f"{_num(r['latency_median_s'], '.3f')} | {_num(r.get('latency_log_sd'), '.3f')} | "
+                         f"{r['batches']} |")
     lines.append("")
     lines.append(f"| condition | neighbour (cores) | parent's `{wf}` | other processes (cores) | load avg 1 min "
                  "(before / after) |")

@@ -537,8 +537,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--warmup-s", type=float, default=w.warmup_s,
                    help=f"seconds before measuring each condition (default {w.warmup_s:g})")
     p.add_argument("--conditions", default=w.conditions,
-                   help=f"run in this order, from alone,neighbour,weighted,parent (default {w.conditions}; parent: "
-                   "as weighted, and the managed groups' parent group weighted from the sum of their quotas)")
+                   help=f"run in this order, from {','.join(weights.CONDITIONS)} (default {w.conditions}; parent: "
+                   "as weighted, and the managed groups' parent group weighted from the sum of their quotas; "
+                   "alone-weighted: no neighbour, the managed weights as in weighted)")
     p.add_argument("--neighbour-procs", type=int, help="busy loops in the neighbour (default: one per node core)")
     p.add_argument("--neighbour-at", choices=weights.NEIGHBOUR_AT, default=w.neighbour_at,
                    help="sibling: the neighbour beside the managed groups under the run's parent group (another "

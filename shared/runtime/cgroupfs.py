@@ -253,6 +253,22 @@ def weight_scale(version: Literal[1, 2]) -> WeightScale:
     return WEIGHT_SCALES[version]
 
 
+def weight_for_share(version: Literal[1, 2], share: float | None) -> float:
+    """The weight that follows a limit of `share` of the node (None: no limit, the default weight).
+
+    The kernel's maximum x share, clamped to the valid range: siblings so weighted
+    share contended CPU in proportion to their limits, so within each CFS period
+    they reach their quotas together and a large quota is not cut short by
+    small ones, while an unweighted neighbour keeps only what the quotas leave.
+    """
+    if share is None:
+        return DEFAULT_WEIGHT
+    if not (math.isfinite(share) and share > 0):
+        raise ValueError(f"a limit must be a positive fraction of the node, not {share!r}")
+    scale = WEIGHT_SCALES[version]
+    return scale.raw_for(scale.max_weight * share) / scale.default_raw
+
+
 def read_weight_raw(group: Group) -> int:
     """The group's weight as the kernel shows it (cpu.shares on v1, cpu.weight on v2)."""
     path = group.cpu_dir / WEIGHT_SCALES[group.version].file

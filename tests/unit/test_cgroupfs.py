@@ -6,6 +6,7 @@ show, so these run anywhere; the last tests use /sys/fs/cgroup and need root.
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -331,3 +332,13 @@ def test_real_group_weight_round_trip(real_group):
     assert cgroupfs.read_weight_raw(real_group) == scale.max_raw
     assert cgroupfs.write_weight(real_group, 1e-6) == scale.min_weight
     assert cgroupfs.read_weight_raw(real_group) == scale.min_raw
+
+
+def test_the_weight_that_follows_a_limit_is_the_kernels_maximum_times_its_share():
+    assert cgroupfs.weight_for_share(1, 0.25) == 64.0  # cpu.shares 65536 of 262144
+    assert cgroupfs.weight_for_share(2, 0.25) == 25.0  # cpu.weight 2500 of 10000
+    assert cgroupfs.weight_for_share(1, None) == cgroupfs.DEFAULT_WEIGHT
+    assert cgroupfs.weight_for_share(2, 1e-7) == 0.01  # clamped to the kernel's least
+    for bad in (0.0, -0.5, math.nan, math.inf):
+        with pytest.raises(ValueError):
+            cgroupfs.weight_for_share(1, bad)

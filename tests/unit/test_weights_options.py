@@ -6,6 +6,7 @@ The real runs (root, cgroups, processes) are in tests/workloads/test_weights_exp
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -74,10 +75,28 @@ def test_report_from_a_json_output_replaces_only_its_section(tmp_path):
     assert out == _result()
     text = md.read_text()
     assert "kept" in text and "tail kept" in text and "old" not in text
-    assert ("| (a) no neighbour, default weights | managed-0 | 0.5 | 1024 | 0.499 | 1.00 | 97% | 3.610 | 15 |"
+    # A result from before the batch noise was measured shows "-" there.
+    assert ("| (a) no neighbour, default weights | managed-0 | 0.5 | 1024 | 0.499 | 1.00 | 97% | 3.610 | - | 15 |"
             in text)
     assert "| (a) no neighbour, default weights | - | - | 0.020 | 0.10 / 0.50 |" in text
     assert "load average before the run 0.1 0.2 0.3" in text
+    assert "no condition ran the unmanaged neighbour" in text
+
+
+def test_the_batch_noise_and_a_weighted_condition_without_a_neighbour(tmp_path):
+    d = _result()
+    d["result"]["conditions"][0]["groups"][0]["latency_log_sd"] = 0.0456
+    weighted = dict(d["result"]["conditions"][0], condition="alone-weighted", weighted=True,
+                    label=weights.CONDITIONS["alone-weighted"][0])
+    d["result"]["conditions"].append(weighted)
+    text = weights.render_markdown(d)
+    assert "| 3.610 | 0.046 | 15 |" in text
+    assert "(e) no neighbour, managed weights from the limits" in text
+    assert weights.parse_conditions("alone,alone-weighted") == ["alone", "alone-weighted"]
+    _, with_neighbour, managed_weighted = weights.CONDITIONS["alone-weighted"]
+    assert (with_neighbour, managed_weighted) == (False, True)
+    assert weights._log_sd([1.0, 2.0]) is None
+    assert weights._log_sd([1.0, math.e, math.e**2]) == pytest.approx(1.0)
 
 
 def test_named_sections_sit_side_by_side(tmp_path):
