@@ -164,8 +164,10 @@ class RealRun:
 
     def __init__(self, prefix: str, policy: str, specs: Sequence[ContainerSpec], *, cores: float, image: str,
                  batch: int, resolution_px: int, run_dir: Path, runtime: str = "docker",
-                 settings: dict[str, float] | None = None) -> None:
+                 settings: dict[str, float] | None = None, cpu_weights: bool = False) -> None:
         self.prefix, self.policy, self.specs = prefix, policy, list(specs)
+        self.cpu_weights = cpu_weights
+        """The worker sets each container's CPU weight from its limit (`--cpu-weights`)."""
         self.settings = dict(settings or {})
         """The policy's parameters, given to the worker with `--param` (the defaults where empty)."""
         self.label = policy_entry(policy, self.settings)
@@ -203,6 +205,16 @@ class RealRun:
                                                 env=env, start_new_session=True)
         check_interrupted()  # a SIGTERM during the fork is dropped there
 
+    def worker_args(self, url: str) -> list[str]:
+        """The worker's arguments every runtime shares (python's, from -m on)."""
+        args = ["-m", "services.worker", "--nats", url, "--node", self.node, "--policy", self.policy,
+                "--cores", f"{self.cores:g}", "--state-interval", "2"]
+        if self.cpu_weights:
+            args.append("--cpu-weights")
+        if self.settings:
+            args += ["--param", ",".join(f"{k}={v!r}" for k, v in sorted(self.settings.items()))]
+        return args
+
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # The project's default: authentication and per-role permissions (shared/auth.py).
@@ -213,10 +225,7 @@ class RealRun:
         self.nats.start()
         url = self.nats.url
         self._spawn("manager", ["-m", "services.manager", "--nats", url, "--cluster-interval", "1"], "manager")
-        common = ["-m", "services.worker", "--nats", url, "--node", self.node, "--policy", self.policy,
-                  "--cores", f"{self.cores:g}", "--state-interval", "2"]
-        if self.settings:
-            common += ["--param", ",".join(f"{k}={v!r}" for k, v in sorted(self.settings.items()))]
+        common = self.worker_args(url)
         if self.runtime == "cgroup":
             scenario = self.run_dir / "scenario.json"
             scenario.write_text(json.dumps(scenario_to_dict(Scenario(
@@ -826,6 +835,8 @@ class RealOptions:
     """With from_file: the run's records directory, for what the summary lacks (the measured noise)."""
     plot: str | None = None
     update: str | None = None
+    cpu_weights: bool = False
+    """The worker sets each container's CPU weight from its limit as well as its quota."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -968,7 +979,7 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
     for p in policies:
         run = RealRun(prefix, runs[p][0], specs, cores=cores, image=opts.image, batch=opts.batch_size,
                       resolution_px=opts.resolution, run_dir=out_dir / record_stem(p), runtime=opts.runtime,
-                      settings=runs[p][1])
+                      settings=runs[p][1], cpu_weights=opts.cpu_weights)
         try:
             run.start()
             _log(f"{p}: {len(specs)} containers started")
@@ -992,6 +1003,7 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
     d = {
         "command": command_line(opts),
         "runtime": opts.runtime,
+        "cpu_weights": opts.cpu_weights,
         "started_at": started_at,
         "prefix": prefix,
         "image": opts.image,
@@ -1021,4 +1033,6 @@ def command_line(opts: RealOptions) -> str:
              f"--models {opts.models}", f"--batch-size {opts.batch_size}", f"--resolution {opts.resolution}"]
     if opts.objectives:
         parts.append(f"--objectives {opts.objectives}")
+    if opts.cpu_weights:
+        parts.append("--cpu-weights")
     return " ".join(parts)

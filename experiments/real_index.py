@@ -55,6 +55,7 @@ def run_rows(name: str, d: dict[str, Any]) -> list[dict[str, Any]]:
         rows.append({
             "run": name, "started_at": str(d.get("started_at", "")), "runtime": str(d.get("runtime") or "docker"),
             "cores": float(d["cores"]), "containers": len(d["containers"]), "policy": str(policy),
+            "cpu_weights": bool(d.get("cpu_weights")),
             "met": met, "in_band": band, "cpu_cores": _num(r.get("total_cpu_cores_final")),
             "met_second_half": _num(r.get("met_mean_second_half")),
             "in_band_second_half": _num(r.get("satisfied_mean_second_half")),
@@ -83,7 +84,9 @@ def read_runs(paths: Sequence[Path]) -> list[dict[str, Any]]:
 
 
 def node_kind(r: dict[str, Any]) -> str:
-    return f"{r['runtime']}, {r['cores']:g} cores, {r['containers']} containers"
+    """The kind of node a run counts towards; runs with CPU weights from the limits are a kind of their own."""
+    weights = ", CPU weights" if r.get("cpu_weights") else ""
+    return f"{r['runtime']}, {r['cores']:g} cores, {r['containers']} containers{weights}"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

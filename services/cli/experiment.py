@@ -292,6 +292,7 @@ def cmd_real(args: argparse.Namespace) -> int:
         objectives=args.objectives, batch_size=args.batch_size, resolution=args.resolution, cores=args.cores,
         profiles=args.profiles, image=args.image, seed=args.seed, sample_s=args.sample_s, out=args.out,
         from_file=args.from_file, records=args.records, plot=args.plot, update=args.update,
+        cpu_weights=args.cpu_weights,
     )
     res = real.run(opts)
     if args.json:
@@ -455,6 +456,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", default=d.image, help="inference image")
     p.add_argument("--seed", type=int, default=d.seed, help="simulator seed")
     p.add_argument("--sample-s", type=float, default=d.sample_s, help="seconds between CPU samples (default 5)")
+    p.add_argument("--cpu-weights", action="store_true",
+                   help="the worker sets each container's CPU weight from its limit as well as its quota (the "
+                   "worker's --cpu-weights)")
     p.add_argument("--out", help="directory for the raw records: per policy, node states, CPU samples, decisions with their reasons and batches as JSON lines (default runs/real-<time>)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="run nothing: report (and --plot/--update) from a summary.json written earlier")

@@ -52,6 +52,11 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
                     default=os.environ.get("DQOES_REQUIRE_NODE_LABEL", "").lower() in ("1", "true", "yes"),
                     help="docker: manage only containers labelled dqoes.node=<this node>, not unlabelled ones "
                     "(for several logical nodes on one engine) [env DQOES_REQUIRE_NODE_LABEL=1]")
+    ap.add_argument("--cpu-weights", action="store_true",
+                    default=os.environ.get("DQOES_CPU_WEIGHTS", "").lower() in ("1", "true", "yes"),
+                    help="docker/cgroup: set each container's CPU weight from its limit whenever the limit is set "
+                    "(its share of contended CPU in proportion to it; see docs/algorithms.md, CPU weights) "
+                    "[env DQOES_CPU_WEIGHTS=1]")
     flag(ap, "--workload-batch", "DQOES_WORKLOAD_BATCH", 100, type=int,
          help="cgroup runtime with --scenario: images a batch of each inference process")
     flag(ap, "--workload-resolution", "DQOES_WORKLOAD_RESOLUTION", None, type=int,
@@ -86,7 +91,8 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
         initial_interval_s=a.interval, params=params, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
         docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,
-        require_node_label=a.require_node_label, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
+        require_node_label=a.require_node_label, cpu_weights=a.cpu_weights, metrics_port=a.metrics_port,
+        metrics_addr=a.metrics_addr,
         training_policy=a.training_policy, training_split=a.training_split, training_stale_s=a.training_stale,
         log_level=a.log_level,
         log_format=a.log_format,

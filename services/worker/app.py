@@ -70,6 +70,8 @@ class WorkerConfig:
     docker_url: str | None = None
     require_node_label: bool = False
     """Docker runtime: ignore managed containers without a dqoes.node label (logical nodes)."""
+    cpu_weights: bool = False
+    """Docker and cgroup runtimes: each limit also sets the container's CPU weight from it."""
     workload_batch: int = 100
     """cgroup runtime with a scenario: images a batch of each inference process."""
     workload_resolution: int | None = None
@@ -113,7 +115,7 @@ def runtime_settings(cfg: WorkerConfig, scenario: Scenario | None) -> RuntimeSet
     return RuntimeSettings(
         kind=cfg.runtime, node=cfg.node, cores=cfg.cores, scenario=scenario, seed=cfg.seed,
         time_scale=cfg.time_scale, start_at=cfg.start_at, cgroup_root=cfg.cgroup_root,
-        docker_url=cfg.docker_url, require_node_label=cfg.require_node_label,
+        docker_url=cfg.docker_url, require_node_label=cfg.require_node_label, cpu_weights=cfg.cpu_weights,
         workload_batch=cfg.workload_batch, workload_resolution=cfg.workload_resolution, nats_url=cfg.nats_url,
         nats_creds=cfg.nats_creds,
     )

@@ -87,9 +87,12 @@ class CgroupRuntime(RealClock):
         root: str | Path = cgroupfs.DEFAULT_ROOT,
         parent: str = "dqoes",
         plan: Sequence[PlannedProcess] = (),
+        cpu_weights: bool = False,
     ) -> None:
-        """`plan`: workloads to start on their own schedule once started (`dqoes up --runtime cgroup`)."""
+        """`plan`: workloads to start on their own schedule once started (`dqoes up --runtime cgroup`);
+        `cpu_weights`: each limit also sets the group's CPU weight from it (`cgroupfs.weight_for_share`)."""
         self.node = node
+        self.cpu_weights = cpu_weights
         self.cores: float = float(cores or os.cpu_count() or 1)
         self.root = Path(root)
         self.parent = parent.strip("/")
@@ -260,6 +263,9 @@ class CgroupRuntime(RealClock):
             cores = cgroupfs.write_quota_cores(
                 entry.group, None if limit is None else limit * self.cores
             )
+            if self.cpu_weights:
+                cgroupfs.write_weight(entry.group, cgroupfs.weight_for_share(
+                    entry.group.version, None if cores is None else cores / self.cores))
         except OSError as e:
             raise RuntimeFailure(f"cannot limit {name}: {e}") from e
         in_force = None if cores is None else cores / self.cores

@@ -12,6 +12,10 @@ Why it looks the way it does:
   NanoCpus cannot be cleared, so "no limit" there means "all the node's
   cores". The SDK's update() has no nano_cpus: NanoCpus goes through the
   low-level client's POST /containers/{id}/update.
+- With `cpu_weights`, each limit also sets the container's CPU shares from
+  it (`cgroupfs.weight_for_share`; no limit: the default 1024), so that on a
+  full node a large limit is delivered as fully as a small one; Docker takes
+  shares in cgroup v1 units and converts them to cpu.weight on v2.
 - The SDK blocks; every call runs on a small dedicated thread pool (the event
   stream on its own thread), so the asyncio loop never waits on the engine.
 - events() outlives the daemon: when dockerd goes away it logs one line,
@@ -122,9 +126,11 @@ class DockerRuntime(RealClock):
         docker_url: str | None = None,
         timeout_s: float = 10.0,
         require_node_label: bool = False,
+        cpu_weights: bool = False,
     ) -> None:
         self.node = node
         self.require_node_label = require_node_label
+        self.cpu_weights = cpu_weights
         self.cores: float = float(cores) if cores else 0.0
         self.label = label
         self.cgroup_root = Path(cgroup_root)
@@ -385,22 +391,29 @@ class DockerRuntime(RealClock):
                 max_cores = min(self.cores, self._engine_cpus or self.cores)
                 limit_cores = max_cores if limit is None else min(limit * self.cores, max_cores)
                 nano_cpus = max(MIN_NANO_CPUS, round(limit_cores * 1e9))
-                res = api._post_json(
-                    api._url("/containers/{0}/update", cid), data={"NanoCpus": nano_cpus}
-                )
-                api._result(res, True)
                 in_force = nano_cpus / 1e9 / self.cores
+                data: dict[str, int] = {"NanoCpus": nano_cpus}
+                if self.cpu_weights:
+                    data["CpuShares"] = _shares_for(None if limit is None else in_force)
+                res = api._post_json(api._url("/containers/{0}/update", cid), data=data)
+                api._result(res, True)
                 log.debug("%s: NanoCpus=%d (limit %.4f)", name, nano_cpus, in_force)
                 return in_force
             quota_us = cgroupfs.quota_us_for(None if limit is None else limit * self.cores)
-            api.update_container(cid, cpu_period=PERIOD_US, cpu_quota=quota_us)
             in_force = None if quota_us < 0 else quota_us / PERIOD_US / self.cores
+            shares = {"cpu_shares": _shares_for(in_force)} if self.cpu_weights else {}
+            api.update_container(cid, cpu_period=PERIOD_US, cpu_quota=quota_us, **shares)
             log.debug("%s: CpuQuota=%d/%d (limit %s)", name, quota_us, PERIOD_US, in_force)
             return in_force
         except docker.errors.NotFound as e:
             raise RuntimeFailure(f"container {name} vanished") from e
         except _ENGINE_ERRORS as e:
             raise RuntimeFailure(f"cannot limit {name}: {_one_line(e)}") from e
+
+
+def _shares_for(limit: float | None) -> int:
+    """A container's CPU shares (cgroup v1 units, as Docker takes them) for a limit in force."""
+    return cgroupfs.weight_scale(1).raw_for(cgroupfs.weight_for_share(1, limit))
 
 
 def _one_line(e: BaseException) -> str:

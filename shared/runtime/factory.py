@@ -52,6 +52,8 @@ class RuntimeSettings:
     docker_url: str | None = None
     require_node_label: bool = False
     """docker: manage only containers labelled dqoes.node=<node> (several logical nodes on one engine)."""
+    cpu_weights: bool = False
+    """docker/cgroup: each limit also sets the container's CPU weight from it (equal weights otherwise)."""
     workload_batch: int = 100
     """cgroup with a scenario: images a batch of each inference process."""
     workload_resolution: int | None = None
@@ -93,7 +95,7 @@ def make_runtime(s: RuntimeSettings, on_batch: BatchCallback | None = None) -> R
         from shared.runtime.docker import DockerRuntime
 
         return DockerRuntime(s.node, cores=s.cores, cgroup_root=s.cgroup_root, docker_url=s.docker_url,
-                             require_node_label=s.require_node_label)
+                             require_node_label=s.require_node_label, cpu_weights=s.cpu_weights)
     if s.kind == "cgroup":
         from shared.runtime.cgroup import CgroupRuntime, PlannedProcess
 
@@ -109,7 +111,8 @@ def make_runtime(s: RuntimeSettings, on_batch: BatchCallback | None = None) -> R
                 for c in node_containers(s.scenario, s.node)
             ]
         # One parent group per node: several workers on one machine never share one.
-        return CgroupRuntime(s.node, cores=cores, root=s.cgroup_root, parent=f"dqoes-{s.node}", plan=plan)
+        return CgroupRuntime(s.node, cores=cores, root=s.cgroup_root, parent=f"dqoes-{s.node}", plan=plan,
+                             cpu_weights=s.cpu_weights)
     raise ValueError(f"unknown runtime {s.kind!r} (choose from {', '.join(KINDS)})")
 
 

@@ -106,3 +106,44 @@ async def test_v2_files_on_an_imitation_tree(tmp_path):
     with pytest.raises(StopAsyncIteration):
         await stream.__anext__()
     assert not (root / "dqoes").exists()
+
+
+@pytest.mark.anyio
+async def test_with_cpu_weights_a_limit_sets_the_weight_on_an_imitation_v2_tree(tmp_path):
+    root = tmp_path
+    (root / "cgroup.controllers").write_text("cpu memory pids\n")
+    (root / "cgroup.subtree_control").write_text("")
+    rt = CgroupRuntime("n1", cores=4, root=root, parent="dqoes", cpu_weights=True)
+    await rt.start()
+    (root / "dqoes" / "cgroup.subtree_control").write_text("")
+    await rt.spawn("w1", [sys.executable, "-c", "import time; time.sleep(30)"])
+    (root / "dqoes/w1/cpu.weight").write_text("100")  # the kernel's default
+    try:
+        await rt.set_limit("w1", 0.25)
+        assert (root / "dqoes/w1/cpu.weight").read_text() == "2500"  # 10000 x 0.25
+        await rt.set_limit("w1", None)
+        assert (root / "dqoes/w1/cpu.weight").read_text() == "100"
+    finally:
+        await rt.close()
+
+
+@pytest.mark.anyio
+async def test_cpu_weights_on_this_machines_cgroups_follow_the_limit_only_when_asked():
+    if os.geteuid() != 0:
+        pytest.skip("the cgroup runtime needs root")
+    from shared.runtime import cgroupfs
+
+    for weighted in (True, False):
+        rt = CgroupRuntime("n1", cores=2, parent=f"dqoes-test-w{int(weighted)}-{os.getpid()}", cpu_weights=weighted)
+        try:
+            await rt.start()
+        except RuntimeFailure as e:
+            pytest.skip(str(e))
+        try:
+            await rt.spawn("w1", [sys.executable, "-c", "import time; time.sleep(30)"])
+            group = cgroupfs.group_at(cgroupfs.DEFAULT_ROOT, f"{rt.parent}/w1")
+            await rt.set_limit("w1", 0.25)
+            expected = cgroupfs.weight_for_share(group.version, 0.25) if weighted else cgroupfs.DEFAULT_WEIGHT
+            assert cgroupfs.read_weight(group) == pytest.approx(expected)
+        finally:
+            await rt.close()

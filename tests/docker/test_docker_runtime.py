@@ -74,6 +74,29 @@ async def test_a_quota_mode_container_gets_period_and_quota_and_inspect_shows_th
     assert kernel_quota_cores(info) is None
 
 
+async def test_with_cpu_weights_each_limit_sets_the_shares_in_both_modes(containers):
+    rt = DockerRuntime(node="test-node", cpu_weights=True)
+    await rt.start()
+    try:
+        quota, nano = containers.run("w-quota"), containers.run("w-cpus", nano_cpus=1_000_000_000)
+        for c in (quota, nano):
+            await rt.set_limit(c.name, 0.25)
+            info = containers.inspect(c.name)
+            assert info["HostConfig"]["CpuShares"] == 65_536  # 262144 x 0.25
+            group = cgroupfs.docker_group(cgroupfs.DEFAULT_ROOT, info["Id"], info["State"]["Pid"])
+            assert cgroupfs.read_weight(group) == pytest.approx(cgroupfs.weight_for_share(group.version, 0.25))
+            await rt.set_limit(c.name, None)  # no limit (in NanoCpus mode: the whole node): the default share
+            assert containers.inspect(c.name)["HostConfig"]["CpuShares"] == 1024
+    finally:
+        await rt.close()
+
+
+async def test_without_cpu_weights_a_limit_leaves_the_shares_alone(runtime, containers):
+    c = containers.run("w-none", cpu_shares=512)
+    await runtime.set_limit(c.name, 0.25)
+    assert containers.inspect(c.name)["HostConfig"]["CpuShares"] == 512
+
+
 async def test_a_malformed_objective_is_reported_and_discovery_goes_on(runtime, containers):
     bad = containers.run("bad", {"dqoes.objective_s": "fast", "dqoes.alpha": "0.5"})
     neg = containers.run("neg", {"dqoes.objective_s": "-3"})

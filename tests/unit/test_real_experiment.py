@@ -391,3 +391,20 @@ def test_each_containers_second_half_batches_are_counted_one_by_one(tmp_path, ca
     # Without records there is nothing to count: no table.
     assert main(["experiment", "real", "--from", str(src)]) == 0
     assert "Batch by batch" not in capsys.readouterr().out
+
+
+def test_cpu_weights_reach_the_worker_and_the_command_line(tmp_path):
+    """`dqoes experiment real --cpu-weights`: the worker gets --cpu-weights, parsed into its runtime settings."""
+    from services.worker.__main__ import parse
+    from services.worker.app import runtime_settings
+
+    for weighted in (False, True):
+        run = realexp.RealRun("n1", "learned", [], cores=2.0, image="", batch=1, resolution_px=32,
+                              run_dir=tmp_path, settings={"half_life_s": 0.0}, cpu_weights=weighted)
+        args = run.worker_args("nats://127.0.0.1:4222")
+        assert ("--cpu-weights" in args) is weighted
+        cfg = parse([*args[2:], "--runtime", "docker"])
+        assert runtime_settings(cfg, None).cpu_weights is weighted
+        assert cfg.params == (("half_life_s", 0.0),)
+        line = realexp.command_line(realexp.RealOptions(cpu_weights=weighted))
+        assert line.endswith("--cpu-weights") is weighted

@@ -81,6 +81,15 @@ def test_the_summary_counts_the_learned_runs_per_kind_of_node_and_not_its_varian
     assert "| [real-host](data/real-host.json) | 2026-11-27 11:00 | cgroup, 8 cores, 16 containers | learned | 13 / 5 |" in md
 
 
+def test_runs_with_cpu_weights_count_as_a_kind_of_node_of_their_own():
+    plain = summary("2026-11-28 09:00", {"learned": {"met": 5, "band": 4}}, bound=(5, 5), n=8)
+    weighted = dict(summary("2026-11-28 12:00", {"learned": {"met": 6, "band": 5}}, bound=(5, 5), n=8),
+                    cpu_weights=True)
+    rows = real_index.run_rows("real-plain", plain) + real_index.run_rows("real-weighted", weighted)
+    kinds = {s["node"]: s["runs"] for s in real_index.summarise(rows)}
+    assert kinds == {"docker, 2 cores, 8 containers": 1, "docker, 2 cores, 8 containers, CPU weights": 1}
+
+
 def test_the_command_writes_its_section_and_json_and_refuses_what_is_not_a_summary(tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
