@@ -164,7 +164,7 @@ class RealRun:
 
     def __init__(self, prefix: str, policy: str, specs: Sequence[ContainerSpec], *, cores: float, image: str,
                  batch: int, resolution_px: int, run_dir: Path, runtime: str = "docker",
-                 settings: dict[str, float] | None = None, cpu_weights: bool = False) -> None:
+                 settings: dict[str, float] | None = None, cpu_weights: bool = True) -> None:
         self.prefix, self.policy, self.specs = prefix, policy, list(specs)
         self.cpu_weights = cpu_weights
         """The worker sets each container's CPU weight from its limit (`--cpu-weights`)."""
@@ -209,8 +209,7 @@ class RealRun:
         """The worker's arguments every runtime shares (python's, from -m on)."""
         args = ["-m", "services.worker", "--nats", url, "--node", self.node, "--policy", self.policy,
                 "--cores", f"{self.cores:g}", "--state-interval", "2"]
-        if self.cpu_weights:
-            args.append("--cpu-weights")
+        args.append("--cpu-weights" if self.cpu_weights else "--no-cpu-weights")
         if self.settings:
             args += ["--param", ",".join(f"{k}={v!r}" for k, v in sorted(self.settings.items()))]
         return args
@@ -835,8 +834,8 @@ class RealOptions:
     """With from_file: the run's records directory, for what the summary lacks (the measured noise)."""
     plot: str | None = None
     update: str | None = None
-    cpu_weights: bool = False
-    """The worker sets each container's CPU weight from its limit as well as its quota."""
+    cpu_weights: bool = True
+    """The worker sets each container's CPU weight from its limit as well as its quota (its default)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1033,6 +1032,6 @@ def command_line(opts: RealOptions) -> str:
              f"--models {opts.models}", f"--batch-size {opts.batch_size}", f"--resolution {opts.resolution}"]
     if opts.objectives:
         parts.append(f"--objectives {opts.objectives}")
-    if opts.cpu_weights:
-        parts.append("--cpu-weights")
+    if not opts.cpu_weights:
+        parts.append("--no-cpu-weights")
     return " ".join(parts)

@@ -456,9 +456,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--image", default=d.image, help="inference image")
     p.add_argument("--seed", type=int, default=d.seed, help="simulator seed")
     p.add_argument("--sample-s", type=float, default=d.sample_s, help="seconds between CPU samples (default 5)")
-    p.add_argument("--cpu-weights", action="store_true",
+    p.add_argument("--cpu-weights", action=argparse.BooleanOptionalAction, default=d.cpu_weights,
                    help="the worker sets each container's CPU weight from its limit as well as its quota (the "
-                   "worker's --cpu-weights)")
+                   "worker's --cpu-weights; default on; --no-cpu-weights: quotas only, as before 28 Nov 2026)")
     p.add_argument("--out", help="directory for the raw records: per policy, node states, CPU samples, decisions with their reasons and batches as JSON lines (default runs/real-<time>)")
     p.add_argument("--from", dest="from_file", metavar="FILE",
                    help="run nothing: report (and --plot/--update) from a summary.json written earlier")

@@ -52,11 +52,11 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
                     default=os.environ.get("DQOES_REQUIRE_NODE_LABEL", "").lower() in ("1", "true", "yes"),
                     help="docker: manage only containers labelled dqoes.node=<this node>, not unlabelled ones "
                     "(for several logical nodes on one engine) [env DQOES_REQUIRE_NODE_LABEL=1]")
-    ap.add_argument("--cpu-weights", action="store_true",
-                    default=os.environ.get("DQOES_CPU_WEIGHTS", "").lower() in ("1", "true", "yes"),
-                    help="docker/cgroup: set each container's CPU weight from its limit whenever the limit is set "
-                    "(its share of contended CPU in proportion to it; see docs/algorithms.md, CPU weights) "
-                    "[env DQOES_CPU_WEIGHTS=1]")
+    ap.add_argument("--cpu-weights", action=argparse.BooleanOptionalAction,
+                    default=os.environ.get("DQOES_CPU_WEIGHTS", "1").lower() not in ("0", "false", "no"),
+                    help="docker/cgroup: set each container's CPU weight from its limit whenever the limit is set, "
+                    "so that a full node delivers a large limit as fully as a small one (docs/algorithms.md, CPU "
+                    "weights); --no-cpu-weights leaves weights alone (default: on) [env DQOES_CPU_WEIGHTS=0]")
     flag(ap, "--workload-batch", "DQOES_WORKLOAD_BATCH", 100, type=int,
          help="cgroup runtime with --scenario: images a batch of each inference process")
     flag(ap, "--workload-resolution", "DQOES_WORKLOAD_RESOLUTION", None, type=int,

@@ -70,7 +70,7 @@ class WorkerConfig:
     docker_url: str | None = None
     require_node_label: bool = False
     """Docker runtime: ignore managed containers without a dqoes.node label (logical nodes)."""
-    cpu_weights: bool = False
+    cpu_weights: bool = True
     """Docker and cgroup runtimes: each limit also sets the container's CPU weight from it."""
     workload_batch: int = 100
     """cgroup runtime with a scenario: images a batch of each inference process."""

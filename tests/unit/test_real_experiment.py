@@ -393,18 +393,23 @@ def test_each_containers_second_half_batches_are_counted_one_by_one(tmp_path, ca
     assert "Batch by batch" not in capsys.readouterr().out
 
 
-def test_cpu_weights_reach_the_worker_and_the_command_line(tmp_path):
-    """`dqoes experiment real --cpu-weights`: the worker gets --cpu-weights, parsed into its runtime settings."""
+def test_cpu_weights_reach_the_worker_and_the_command_line(tmp_path, monkeypatch):
+    """CPU weights are on by default; `dqoes experiment real --no-cpu-weights` turns them off in its worker."""
     from services.worker.__main__ import parse
     from services.worker.app import runtime_settings
 
+    monkeypatch.delenv("DQOES_CPU_WEIGHTS", raising=False)
     for weighted in (False, True):
         run = realexp.RealRun("n1", "learned", [], cores=2.0, image="", batch=1, resolution_px=32,
                               run_dir=tmp_path, settings={"half_life_s": 0.0}, cpu_weights=weighted)
         args = run.worker_args("nats://127.0.0.1:4222")
-        assert ("--cpu-weights" in args) is weighted
+        assert ("--cpu-weights" if weighted else "--no-cpu-weights") in args
         cfg = parse([*args[2:], "--runtime", "docker"])
         assert runtime_settings(cfg, None).cpu_weights is weighted
         assert cfg.params == (("half_life_s", 0.0),)
         line = realexp.command_line(realexp.RealOptions(cpu_weights=weighted))
-        assert line.endswith("--cpu-weights") is weighted
+        assert line.endswith("--no-cpu-weights") is not weighted
+    assert parse(["--runtime", "docker"]).cpu_weights is True  # the default
+    monkeypatch.setenv("DQOES_CPU_WEIGHTS", "0")
+    assert parse(["--runtime", "docker"]).cpu_weights is False
+    assert parse(["--runtime", "docker", "--cpu-weights"]).cpu_weights is True
