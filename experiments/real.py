@@ -657,7 +657,9 @@ def render_markdown(d: dict[str, Any], plot_rel: str | None, begin: str = BEGIN,
                  f"each. Profiles for the forecast: `{d['profiles']}`"
                  + ("; the forecast and the oracle run each workload's threads as it does, one a whole core of "
                     "limit, each doing the profile's one-thread work a second." if d.get("threads_follow") is True
-                    else "."))
+                    else ".")
+                 + (" The worker set each container's CPU weight from its limit as well as its quota (`--cpu-weights`)."
+                    if d.get("cpu_weights") else ""))
     lines.append("")
     lines.append("| container | model | objective (s) | fastest alone (s) | " + " | ".join(
         f"{p} latency (s) / class / limit / CPU (cores)" for p in d["real"]) + " |")

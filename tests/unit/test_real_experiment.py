@@ -102,6 +102,10 @@ def test_real_experiment_renders_a_summary(tmp_path, capsys):
     work = profiles["resnet50"].work_cpu_s * 1.5
     d["real"]["dqoes"]["oracle_measured_work"] = realexp.oracle_with_work(d, profiles, {"resnet50": work}, None)
     assert f"resnet50 measured {work:.3g} CPU-s a batch" in realexp.render_markdown(d, None)
+    # A run with CPU weights from the limits says so (the command of one run with them by default does not).
+    weights = "CPU weight from its limit as well as its quota"
+    assert weights not in text
+    assert weights in realexp.render_markdown(dict(d, cpu_weights=True), None)
 
 
 def test_real_counts_come_from_each_samples_latest_batch_not_the_last_round():
