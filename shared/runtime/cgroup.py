@@ -259,15 +259,28 @@ class CgroupRuntime(RealClock):
             raise RuntimeFailure(
                 f"bad limit {limit!r} for {name}: must be a positive fraction of the node"
             )
+        previous: list[float | None] = []  # the quota before, when it could be read
+        if self.cpu_weights:
+            with contextlib.suppress(OSError, ValueError):
+                previous.append(cgroupfs.read_quota_cores(entry.group))
         try:
             cores = cgroupfs.write_quota_cores(
                 entry.group, None if limit is None else limit * self.cores
             )
-            if self.cpu_weights:
-                cgroupfs.write_weight(entry.group, cgroupfs.weight_for_share(
-                    entry.group.version, None if cores is None else cores / self.cores))
         except OSError as e:
             raise RuntimeFailure(f"cannot limit {name}: {e}") from e
+        if self.cpu_weights:
+            try:
+                cgroupfs.write_weight(entry.group, cgroupfs.weight_for_share(
+                    entry.group.version, None if cores is None else cores / self.cores))
+            except OSError as e:
+                # A limit is its quota and its weight together: put the quota back.
+                restored = "left as set"
+                if previous:
+                    with contextlib.suppress(OSError):
+                        cgroupfs.write_quota_cores(entry.group, previous[0])
+                        restored = f"back at {previous[0]} cores"
+                raise RuntimeFailure(f"cannot weight {name}: {e}; its quota is {restored}") from e
         in_force = None if cores is None else cores / self.cores
         log.debug("%s: limit %s (%s cores)", name, in_force, cores)
         return in_force

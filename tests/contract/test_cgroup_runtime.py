@@ -108,9 +108,8 @@ async def test_v2_files_on_an_imitation_tree(tmp_path):
     assert not (root / "dqoes").exists()
 
 
-@pytest.mark.anyio
-async def test_with_cpu_weights_a_limit_sets_the_weight_on_an_imitation_v2_tree(tmp_path):
-    root = tmp_path
+async def _weighted_on_an_imitation_v2_tree(root):
+    """A weighted runtime of 4 cores on an imitation v2 tree under `root`, one sleeper `w1` in it."""
     (root / "cgroup.controllers").write_text("cpu memory pids\n")
     (root / "cgroup.subtree_control").write_text("")
     rt = CgroupRuntime("n1", cores=4, root=root, parent="dqoes", cpu_weights=True)
@@ -118,11 +117,35 @@ async def test_with_cpu_weights_a_limit_sets_the_weight_on_an_imitation_v2_tree(
     (root / "dqoes" / "cgroup.subtree_control").write_text("")
     await rt.spawn("w1", [sys.executable, "-c", "import time; time.sleep(30)"])
     (root / "dqoes/w1/cpu.weight").write_text("100")  # the kernel's default
+    return rt
+
+
+@pytest.mark.anyio
+async def test_with_cpu_weights_a_limit_sets_the_weight_on_an_imitation_v2_tree(tmp_path):
+    root = tmp_path
+    rt = await _weighted_on_an_imitation_v2_tree(root)
     try:
         await rt.set_limit("w1", 0.25)
         assert (root / "dqoes/w1/cpu.weight").read_text() == "2500"  # 10000 x 0.25
         await rt.set_limit("w1", None)
         assert (root / "dqoes/w1/cpu.weight").read_text() == "100"
+    finally:
+        await rt.close()
+
+
+@pytest.mark.anyio
+async def test_a_weight_that_cannot_be_written_puts_the_quota_back(tmp_path):
+    root = tmp_path
+    rt = await _weighted_on_an_imitation_v2_tree(root)
+    weight = root / "dqoes/w1/cpu.weight"
+    try:
+        assert await rt.set_limit("w1", 0.5) == pytest.approx(0.5)
+        assert (root / "dqoes/w1/cpu.max").read_text() == "200000 100000"
+        weight.unlink()  # the kernel refuses the weight from now on
+        with pytest.raises(RuntimeFailure, match="back at 2.0 cores"):
+            await rt.set_limit("w1", 0.25)
+        assert (root / "dqoes/w1/cpu.max").read_text() == "200000 100000"
+        assert [c.limit for c in await rt.containers()] == [pytest.approx(0.5)]
     finally:
         await rt.close()
 
