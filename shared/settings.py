@@ -1,7 +1,8 @@
 """Flags that are also environment variables, and logging set-up, for every service.
 
 Each service's `__main__` declares its settings with `flag(...)`: `--nats URL`
-defaults to `$DQOES_NATS_URL`, and so on, so the same image runs from a
+defaults to `$DQOES_NATS_URL`, and so on (`switch(...)` for on/off settings,
+which refuse a value they cannot read), so the same image runs from a
 command line, a compose file or a Swarm stack. Logging: one line per record,
 text or JSON (`--log-format json`), to stderr.
 """
@@ -39,6 +40,29 @@ def flag(parser: argparse.ArgumentParser, name: str, env: str, default: Any = No
     shown = "" if default is None else f" (default: {default})"
     parser.add_argument(name, default=value, type=type, choices=choices,
                         help=f"{help} [env {env}]{shown}")
+
+
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def switch(parser: argparse.ArgumentParser, name: str, env: str, default: bool, *, help: str = "") -> None:
+    """Add `--name` / `--no-name` whose default comes from `$env` (1/true/yes/on or 0/false/no/off).
+
+    Any other value of `$env` is an error, not a silent default: a typo must
+    not turn a safety switch off.
+    """
+    raw = os.environ.get(env, "").strip().lower()
+    value = default
+    if raw in TRUE_WORDS:
+        value = True
+    elif raw in FALSE_WORDS:
+        value = False
+    elif raw:
+        parser.error(f"${env}: {os.environ[env]!r} is not one of {', '.join(TRUE_WORDS + FALSE_WORDS)}")
+    shown = "on" if default else "off"
+    parser.add_argument(name, default=value, action=argparse.BooleanOptionalAction,
+                        help=f"{help} [env {env}=1|0] (default: {shown})")
 
 
 def parse_assignments(items: Iterable[str]) -> dict[str, float]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import socket
 import sys
 
@@ -12,7 +11,7 @@ from services.worker.app import WorkerConfig, run
 from services.worker.training import SPLITS
 from shared.core import registry
 from shared.runtime.factory import KINDS
-from shared.settings import add_common, flag, nats_url, parse_assignments, setup_logging
+from shared.settings import add_common, flag, nats_url, parse_assignments, setup_logging, switch
 
 
 def _params(ap: argparse.ArgumentParser, text: str | None) -> tuple[tuple[str, float], ...]:
@@ -48,15 +47,13 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     flag(ap, "--state-interval", "DQOES_STATE_INTERVAL_S", 2.0, type=float, help="publish node state every N wall seconds")
     flag(ap, "--cgroup-root", "DQOES_CGROUP_ROOT", "/sys/fs/cgroup", help="docker/cgroup: the cgroup filesystem")
     flag(ap, "--docker-url", "DQOES_DOCKER_URL", None, help="docker: engine URL (default: the environment's)")
-    ap.add_argument("--require-node-label", action="store_true",
-                    default=os.environ.get("DQOES_REQUIRE_NODE_LABEL", "").lower() in ("1", "true", "yes"),
-                    help="docker: manage only containers labelled dqoes.node=<this node>, not unlabelled ones "
-                    "(for several logical nodes on one engine) [env DQOES_REQUIRE_NODE_LABEL=1]")
-    ap.add_argument("--cpu-weights", action=argparse.BooleanOptionalAction,
-                    default=os.environ.get("DQOES_CPU_WEIGHTS", "1").lower() not in ("0", "false", "no"),
-                    help="docker/cgroup: set each container's CPU weight from its limit whenever the limit is set, "
-                    "so that a full node delivers a large limit as fully as a small one (docs/algorithms.md, CPU "
-                    "weights); --no-cpu-weights leaves weights alone (default: on) [env DQOES_CPU_WEIGHTS=0]")
+    switch(ap, "--require-node-label", "DQOES_REQUIRE_NODE_LABEL", False,
+           help="docker: manage only containers labelled dqoes.node=<this node>, not unlabelled ones "
+           "(for several logical nodes on one engine)")
+    switch(ap, "--cpu-weights", "DQOES_CPU_WEIGHTS", True,
+           help="docker/cgroup: set each container's CPU weight from its limit whenever the limit is set, "
+           "so that a full node delivers a large limit as fully as a small one (docs/algorithms.md, CPU "
+           "weights); --no-cpu-weights leaves weights alone")
     flag(ap, "--workload-batch", "DQOES_WORKLOAD_BATCH", 100, type=int,
          help="cgroup runtime with --scenario: images a batch of each inference process")
     flag(ap, "--workload-resolution", "DQOES_WORKLOAD_RESOLUTION", None, type=int,
