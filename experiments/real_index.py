@@ -136,7 +136,10 @@ def _yes(v: bool | None) -> str:
 
 def _median(s: dict[str, Any], key: str) -> str:
     m, rg = s[f"{key}_median"], s[f"{key}_range"]
-    return "-" if m is None else f"{m:.2f} ({rg[0]:.2f}-{rg[1]:.2f}; {s['with_expectation']} runs)"
+    if m is None:
+        return "-"
+    n = s["with_expectation"]
+    return f"{m:.2f} ({rg[0]:.2f}-{rg[1]:.2f}; {n} run{'' if n == 1 else 's'})"
 
 
 def render_markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, Any]], data_rel: str | None,

@@ -90,6 +90,13 @@ def test_runs_with_cpu_weights_count_as_a_kind_of_node_of_their_own():
     assert kinds == {"docker, 2 cores, 8 containers": 1, "docker, 2 cores, 8 containers, CPU weights": 1}
 
 
+def test_one_run_is_one_run():
+    one = summary("2026-11-27 09:00", {"learned": {"met": 4, "band": 3, "half": (3.0, 2.0), "expected": (3.0, 2.5)}})
+    rows = real_index.run_rows("real-a", one)
+    md = real_index.render_markdown(rows, real_index.summarise(rows), "data")
+    assert "| 0.80 (0.80-0.80; 1 run) | 1.00 (1.00-1.00; 1 run) |" in md
+
+
 def test_the_command_writes_its_section_and_json_and_refuses_what_is_not_a_summary(tmp_path, capsys):
     data = tmp_path / "data"
     data.mkdir()
