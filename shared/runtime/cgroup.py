@@ -279,7 +279,7 @@ class CgroupRuntime(RealClock):
                 if previous:
                     with contextlib.suppress(OSError):
                         cgroupfs.write_quota_cores(entry.group, previous[0])
-                        restored = f"back at {previous[0]} cores"
+                        restored = "back at no limit" if previous[0] is None else f"back at {previous[0]} cores"
                 raise RuntimeFailure(f"cannot weight {name}: {e}; its quota is {restored}") from e
         in_force = None if cores is None else cores / self.cores
         log.debug("%s: limit %s (%s cores)", name, in_force, cores)

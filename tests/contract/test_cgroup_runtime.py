@@ -139,6 +139,11 @@ async def test_a_weight_that_cannot_be_written_puts_the_quota_back(tmp_path):
     rt = await _weighted_on_an_imitation_v2_tree(root)
     weight = root / "dqoes/w1/cpu.weight"
     try:
+        weight.unlink()
+        with pytest.raises(RuntimeFailure, match="back at no limit"):
+            await rt.set_limit("w1", 0.5)  # from no quota: none again
+        assert (root / "dqoes/w1/cpu.max").read_text() == "max 100000"
+        weight.write_text("100")
         assert await rt.set_limit("w1", 0.5) == pytest.approx(0.5)
         assert (root / "dqoes/w1/cpu.max").read_text() == "200000 100000"
         weight.unlink()  # the kernel refuses the weight from now on
