@@ -49,7 +49,12 @@ objective even alone get a fair best effort from what remains, never less
 than the floor. Limits move only past a dead band; the next round comes when
 the next informative batch is due, backing off when nothing is.
 (`expected_aim = 0` gives the earlier aim: the slow-edge margin, then the
-band's centre.)
+band's centre.) With `late_rescue` (off by default), a running batch that,
+by how long it has run, is likely to end past its band's slow edge gets more
+CPU for the rest of it, from what no limit holds and from containers that
+cannot be met; the raise is laid over the plan and undone when the batch
+ends, and aims count on the share of late batches the node's rescues have
+brought into their band.
 """
 
 from __future__ import annotations
@@ -58,10 +63,11 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from statistics import NormalDist
 
 from shared.core.classification import classify_views
 from shared.core.dqoes import floor_limit
-from shared.core.measures import band_chances
+from shared.core.measures import band_chances, normal_cdf
 from shared.core.policy import (
     BaseParams,
     CurveLookup,
@@ -111,6 +117,20 @@ VALUE_DEAD_BAND = 0.05
 """A move of an aimed container that raises its P(met) + P(in band) by less than this is not made."""
 CHANCE_MARGIN = 0.1
 """How much more (in P(met) + P(in band)) than an equal split a new holder of what is left must gain."""
+_NORMAL = NormalDist()
+LATE_CHANCE = 0.3
+"""A running batch of an aimed container is late once, given how long it has run, it ends past its
+band's slow edge with at least this chance (`late_rescue`)."""
+RESCUE_STEP = 4.0
+"""A late batch's limit is raised at most this many times for the rest of it."""
+RESCUE_MIN_S = 1.0
+"""The least time before the band's slow edge a rescue acts in: a limit takes effect within a CFS
+period (0.1 s) and a `docker update` in about as long; an order above both, so a round that comes
+too late to bring a short batch in does not move limits for nothing."""
+RESCUE_PRIOR = (1.0, 2.0)
+"""With `late_rescue`, what an aim counts on before any rescue is seen: of the aimed containers'
+batches that turn late, the share brought into their band, as (in band + 1) / (late + 2) of a uniform
+prior: one half. Each node then counts its own (`LearnedPolicy.rescued`)."""
 SAT_PROBE = 1.5
 """A container that cannot be met may get this many times its seen ceiling (room to show more);
 above 1 / (1 - BEST_EFFORT_DEAD_BAND), so the probe is never held back by the dead band."""
@@ -175,6 +195,11 @@ class LearnedParams(BaseParams):
     taken together (a slow spell of the host, not a drift of one curve), do not restart it; it is
     waited out for as many batches as a restart is watched (docs/algorithms.md, "Spells shared by a
     node"); 0: they do."""
+    late_rescue: float = 0.0
+    """1: a running batch of a container aimed at its band that, by how long it has run, is likely to
+    end past the band's slow edge gets more CPU for the rest of it, from what no limit holds and from
+    containers that cannot be met, and its limit returns once the batch ends; aims count on it
+    (docs/algorithms.md, "Late batches"); 0: limits follow the plan only."""
     thread_steps: float = 1.0
     """1: a container whose threads follow its limit (its batches say so) runs floor(limit) threads above
     one core, so it is read at the cores those threads can use and given whole cores there
@@ -190,7 +215,8 @@ class LearnedParams(BaseParams):
                              ("confidence_z", 0.0, 5.0),
                              ("dead_band", 0.0, 0.5), ("best_effort_share", 0.0, 10.0), ("use_prior", 0.0, 1.0), ("pool_slopes", 0.0, 1.0),
                              ("pool_work", 0.0, 1.0),
-                             ("expected_aim", 0.0, 1.0), ("thread_steps", 0.0, 1.0), ("spell_guard", 0.0, 1.0)):
+                             ("expected_aim", 0.0, 1.0), ("thread_steps", 0.0, 1.0), ("spell_guard", 0.0, 1.0),
+                             ("late_rescue", 0.0, 1.0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int | float) or not (math.isfinite(v) and lo <= v <= hi):
                 raise ValueError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
@@ -267,6 +293,8 @@ class Curve:
     since_restart: int = 0
     back: int = 0
     """Consecutive batches since the restart that the curve before it explains."""
+    last_end_s: float | None = None
+    """When its latest batch (clean or not) finished: when the batch running now started."""
 
     @property
     def noise(self) -> float:
@@ -484,6 +512,15 @@ class LearnedPolicy(PolicyBase):
         was left last round for a chance at their band."""
         self.fast_held: dict[str, float] = {}
         """Containers too fast at the floor, and the limit they were last set or kept at as such."""
+        self.rescues: dict[str, tuple[float, float]] = {}
+        """Containers whose running batch was late and got more CPU: (when that batch started, its limit)."""
+        self.before_rescue: dict[str, float] = {}
+        """Limits a rescue moved (the late container's and those it took from), as the plan had them."""
+        self._late_at: list[float] = []
+        """When aimed containers' running batches turn late if they have not ended by then."""
+        self.rescued = list(RESCUE_PRIOR)
+        """(rescued batches that ended in their band, batches that turned late) on this node, from the
+        prior: aimed containers' batches rescued, and those that ended past the slow edge unrescued."""
 
     def set_params(self, params: LearnedParams) -> None:
         self.params = params
@@ -491,6 +528,8 @@ class LearnedPolicy(PolicyBase):
 
     def wants_round(self, name: str, latency_s: float, now_s: float) -> bool:
         """Two batches in a row far off the curve at their limit: the curve moved, decide now."""
+        if name in self.rescues:
+            return True  # its late batch (or a later one) ended: its limit returns to the plan now
         c = self.curves.get(name)
         if c is None or c.expected is None:
             return False
@@ -518,6 +557,8 @@ class LearnedPolicy(PolicyBase):
     def _observe(self, v: ContainerView, curve: Curve, cores: float, node_busy: float) -> None:
         guard = self.params.spell_guard >= 0.5
         for b in v.batches:
+            self._tally_rescue(v, b)
+            curve.last_end_s = max(curve.last_end_s or -math.inf, b.finished_at_s)
             decay = self._decay(b.latency_s)
             spell = None
             if guard:
@@ -643,11 +684,16 @@ class LearnedPolicy(PolicyBase):
             for c in self.curves.values():
                 if c.height_node is not None:
                     c.height_node, c.fit = None, None
+        for name, (start, _) in list(self.rescues.items()):
+            c = self.curves.get(name)
+            if c is None or c.last_end_s is None or c.last_end_s > start:
+                del self.rescues[name]
         plans = self._solve(view.containers, cores)
         floor = floor_limit(len(view.containers))
         proposal: dict[str, float] = {}
         for v in view.containers:
-            plan, old = plans[v.name], v.limit
+            # A rescue is laid over the plan: the plan's rules see the limit the plan had.
+            plan, old = plans[v.name], self.before_rescue.get(v.name, v.limit)
             new = plan.limit
             if old is not None:
                 if plan.kind == "too fast":
@@ -662,7 +708,8 @@ class LearnedPolicy(PolicyBase):
                     if not keep and p.expected_aim >= 0.5 and plan.kind == "in band":
                         # Nor one that adds little to its chances: the value is flat near its best.
                         curve = self.curves[v.name]
-                        gain = sum(_chances(curve, v, new * cores)) - sum(_chances(curve, v, old * cores))
+                        credit = self._credit(v)
+                        gain = sum(_chances(curve, v, new * cores, credit)) - sum(_chances(curve, v, old * cores, credit))
                         # Nor trimming, unless the curve puts it faster than its band where it is.
                         keep = gain < VALUE_DEAD_BAND and (new > old or not _faster_than_band(at_old, v))
                 else:  # cannot be met: a share, not a target
@@ -692,6 +739,13 @@ class LearnedPolicy(PolicyBase):
         excess = _give_back(proposal, [(over, n) for over, n in overs if over > 0], excess)
         _give_back(proposal, [(proposal[n] - floor, n) for n in sorted(proposal, key=lambda n: -proposal[n])], excess)
         self.fast_held = {n: proposal[n] for n in proposal if plans[n].kind == "too fast"}
+        planned = dict(proposal)
+        self._late_at = []
+        if p.late_rescue >= 0.5:
+            self._rescue(view, plans, proposal, cores, floor)
+        else:
+            self.rescues.clear()
+        self.before_rescue = {n: planned[n] for n in proposal if not math.isclose(proposal[n], planned[n])}
         ups: dict[str, tuple[float | None, str]] = {}
         for v in view.containers:
             new, old, curve = proposal[v.name], v.limit, self.curves[v.name]
@@ -707,7 +761,11 @@ class LearnedPolicy(PolicyBase):
                     step = v.latency_s or v.last_latency_s or 0.0
                 # The batch running now straddles the change and already tells something.
                 curve.expect_at_s = view.now_s + step
-            ups[v.name] = (new, _reason(plans[v.name], curve, v.name in self.chances))
+            reason = _reason(plans[v.name], curve, v.name in self.chances)
+            if v.name in self.before_rescue:
+                reason += (", its late batch given more for the rest of it" if v.name in self.rescues
+                           else ", lending to a late batch")
+            ups[v.name] = (new, reason)
         interval = self._next_interval(view.now_s)
         return build_decision(self.name, view, cl, ups, interval_s=interval,
                               listener=f"next informative batch in {interval:.3g} s")
@@ -739,11 +797,12 @@ class LearnedPolicy(PolicyBase):
             edge = curve.cores_for(edge_s, 0.0)
             # Where its next batch is most often met and in band (the measured noise and what the fit
             # does not know yet), the least CPU on ties.
-            best = expected_best_limit(curve, v, cores, floor, cap) if p.expected_aim >= 0.5 else None
+            credit = self._credit(v)
+            best = expected_best_limit(curve, v, cores, floor, cap, credit) if p.expected_aim >= 0.5 else None
             if best is not None and edge is not None and not (math.isfinite(edge) and edge <= cap * cores):
                 # Not with the margin, but where it does best (its ceiling, a thread's worth) it may still
                 # be met more often than not: then that is its need, not a fair share that leaves it late.
-                if _chances(curve, v, best * cores)[0] >= 0.5:
+                if _chances(curve, v, best * cores, credit)[0] >= 0.5:
                     edge = best * cores
             if edge is None or not math.isfinite(edge) or edge > cap * cores:
                 best_effort.append(v.name)
@@ -834,6 +893,110 @@ class LearnedPolicy(PolicyBase):
                                 plans[name].need)
         return plans
 
+    def _rescuable(self, v: ContainerView) -> bool:
+        """Rescues are on and the band's slow half lasts at least RESCUE_MIN_S."""
+        return self.params.late_rescue >= 0.5 and v.alpha * v.objective_s >= RESCUE_MIN_S
+
+    def _credit(self, v: ContainerView) -> float:
+        """The share of late batches its aim counts on a rescue to bring into the band (what this node's
+        rescues have done so far); 0 where no batch of it is rescued."""
+        return self.rescued[0] / self.rescued[1] if self._rescuable(v) else 0.0
+
+    def _tally_rescue(self, v: ContainerView, b: BatchObs) -> None:
+        """Count a finished batch of an aimed container towards `rescued`: a rescued one (in band or
+        not), or one that ended past its slow edge without a rescue."""
+        if v.name not in self.chosen or not self._rescuable(v):
+            return
+        rescue = self.rescues.get(v.name)
+        start_s = b.finished_at_s - b.latency_s
+        slow_s = v.objective_s * (1 + v.alpha)
+        if rescue is not None and abs(rescue[0] - start_s) <= 0.05 * b.latency_s:
+            self.rescued[0] += v.objective_s * (1 - v.alpha) <= b.latency_s <= slow_s
+            self.rescued[1] += 1
+        elif b.latency_s > slow_s:
+            self.rescued[1] += 1
+
+    def _rescue(self, view: NodeView, plans: dict[str, _Plan], proposal: dict[str, float], cores: float,
+                floor: float) -> None:
+        """More CPU for the rest of a running batch that is likely to end past its band's slow edge.
+
+        Nothing but how long the batch has run is known of it: if it has not ended by the time its
+        curve (noise and fit) gives it a LATE_CHANCE of ending past the slow edge, it is raised so that
+        its likely remainder ends inside the band, taking from what no limit holds, then from
+        containers that cannot be met (largest first, never below the floor). Rescues already under
+        way keep their limit while their batch runs. Changes `proposal` in place."""
+        now = view.now_s
+        spare = max(0.0, 1.0 - sum(proposal.values()))
+        donors = sorted((n for n in proposal if plans[n].kind in ("no room", "unachievable")
+                         and n not in self.chances and n not in self.rescues), key=lambda n: -proposal[n])
+
+        def take(amount: float) -> float:
+            nonlocal spare
+            got = min(amount, spare)
+            spare -= got
+            for d in donors:
+                if got >= amount - 1e-12:
+                    break
+                t = min(amount - got, proposal[d] - floor)
+                if t > 0:
+                    proposal[d] -= t
+                    got += t
+            return got
+
+        for v in view.containers:
+            name = v.name
+            if name in self.rescues:
+                start, limit = self.rescues[name]
+                if limit > proposal[name]:
+                    proposal[name] += take(limit - proposal[name])
+                continue
+            curve = self.curves[name]
+            fit = curve.solve()
+            if (plans[name].kind != "in band" or v.limit is None or fit is None or curve.last_end_s is None
+                    or not self._rescuable(v) or not math.isclose(proposal[name], v.limit, rel_tol=1e-9)):
+                continue
+            pred = curve.predict_limit(proposal[name] * cores)
+            if pred is None:
+                continue
+            start, mean, k = curve.last_end_s, pred[0], max(fit[1], K_RANGE[0])
+            sd = max(1e-3, math.hypot(fit[5], pred[1]))
+            if curve.changed_at_s is not None and curve.changed_at_s - start > 0.05 * math.exp(mean):
+                continue  # this batch ran under another limit for a while: its curve does not tell
+            slow_s = v.objective_s * (1 + v.alpha)
+            beyond = 1 - normal_cdf((math.log(slow_s) - mean) / sd)
+            if 1e-9 < beyond < LATE_CHANCE:  # (a batch with next to no chance of being late: no round)
+                late_s = start + _exp_or_inf(mean + sd * _NORMAL.inv_cdf(1 - beyond / LATE_CHANCE))
+                if now < late_s < math.inf:
+                    self._late_at.append(late_s)
+            ran_s = now - start
+            if ran_s <= 0 or slow_s - ran_s < RESCUE_MIN_S:
+                continue
+            still = 1 - normal_cdf((math.log(ran_s) - mean) / sd)
+            if still <= 0 or beyond / still < LATE_CHANCE:
+                continue
+            # Its likely end given it has run this long (the upper quartile of what is left), moved
+            # to the band's centre, or part way to the slow edge once past it.
+            end_s = _exp_or_inf(mean + sd * _NORMAL.inv_cdf(min(1 - 1e-9, 1 - still / 4)))
+            left_s = end_s - ran_s
+            if not math.isfinite(left_s):
+                continue
+            by_s = v.objective_s if ran_s < v.objective_s else ran_s + (slow_s - ran_s) / 3
+            top = self.params.total_resource
+            if curve.steps:  # its threads were set when the batch began: more than they use is idle
+                top = min(top, max(1.0, whole_threads(v.limit * cores)) / cores)
+            if curve.sat_cores is not None:
+                top = min(top, curve.sat_cores / cores)
+            want = min(proposal[name] * min(RESCUE_STEP, (left_s / (by_s - ran_s)) ** (1 / k)), top)
+            if want <= proposal[name]:
+                continue
+            avail = spare + sum(max(0.0, proposal[d] - floor) for d in donors)
+            limit = proposal[name] + min(want - proposal[name], avail)
+            if ran_s + left_s * (proposal[name] / limit) ** k >= slow_s:
+                continue  # what can be given would not bring it in
+            limit = proposal[name] + take(limit - proposal[name])
+            self.rescues[name] = (start, limit)
+            proposal[name] = limit
+
     def _fair_share(self, n: int) -> float:
         """The most a container that cannot be met gets from an equal split (never below the floor)."""
         p = self.params
@@ -856,7 +1019,7 @@ class LearnedPolicy(PolicyBase):
         limit_each = self._fair_share(n)
 
         def value(name: str, limit: float) -> float:
-            met, in_band = _chances(self.curves[name], by_name[name], limit * cores)
+            met, in_band = _chances(self.curves[name], by_name[name], limit * cores, self._credit(by_name[name]))
             return met + in_band
 
         held: set[str] = set()
@@ -904,6 +1067,7 @@ class LearnedPolicy(PolicyBase):
                 # A curve seen a few times (a newcomer, or one that restarted after a drift) is still
                 # being learnt: its next batch can change the decision.
                 due.append(now_s + c.batch_s)
+        due += [t for t in self._late_at if t > now_s]
         if due:
             self._interval_s = min(p.max_interval_s, max(p.initial_interval_s, min(due) - now_s))
         else:
@@ -1211,44 +1375,48 @@ def _choose(candidates: Sequence[tuple[float, str]], budget: float, incumbents: 
     return stable if len(stable) >= len(best) else best
 
 
-def expected_best_limit(curve: Curve, v: ContainerView, cores: float, lo: float, hi: float) -> float:
+def expected_best_limit(curve: Curve, v: ContainerView, cores: float, lo: float, hi: float,
+                        credit: float = 0.0) -> float:
     """The limit in [lo, hi] with the most P(met) + P(in band) for the next batch, least CPU on ties.
 
     The next batch's log latency is the curve's prediction, spread by sqrt(noise^2 + model var):
-    the measured batch-to-batch noise and what the fit does not know yet."""
+    the measured batch-to-batch noise and what the fit does not know yet. `credit`: the share of
+    batches past the slow edge taken as rescued into the band (`_chances`)."""
     if curve.solve() is None:
         return hi
     ratio = (hi / lo) ** (1.0 / (TARGET_GRID - 1)) if hi > lo else 1.0
-    best = _best_on_grid(curve, v, cores, lo, ratio, TARGET_GRID, hi)
+    best = _best_on_grid(curve, v, cores, lo, ratio, TARGET_GRID, hi, credit)
     if ratio > 1.0:
         # A grid step (about 6 % of a limit) is more than the dead band: between two steps of nearly
         # equal value the aim would flip with every small change of the fit. Refine around the best.
         fine = ratio ** (2.0 / (TARGET_FINE - 1))
-        best = _best_on_grid(curve, v, cores, max(lo, best / ratio), fine, TARGET_FINE, min(hi, best * ratio))
+        best = _best_on_grid(curve, v, cores, max(lo, best / ratio), fine, TARGET_FINE, min(hi, best * ratio), credit)
     # The same value for less: a limit above one core cut to its whole cores when threads follow it.
     return curve.snap(best, cores, lo)
 
 
 def _best_on_grid(curve: Curve, v: ContainerView, cores: float, start: float, ratio: float, steps: int,
-                  hi: float) -> float:
+                  hi: float, credit: float = 0.0) -> float:
     """The limit among start * ratio**i (i < steps, at most hi) with the most P(met) + P(in band),
     the least CPU on ties."""
     best, best_value = hi, -1.0
     for i in range(steps):
         limit = min(hi, start * ratio**i)
-        met, in_band = _chances(curve, v, limit * cores)
+        met, in_band = _chances(curve, v, limit * cores, credit)
         if met + in_band > best_value + 1e-6:
             best, best_value = limit, met + in_band
     return best
 
 
-def _chances(curve: Curve, v: ContainerView, cores: float) -> tuple[float, float]:
-    """(P(met), P(in band)) of the next batch under a limit of this many cores, per the fit and the noise."""
+def _chances(curve: Curve, v: ContainerView, cores: float, credit: float = 0.0) -> tuple[float, float]:
+    """(P(met), P(in band)) of the next batch under a limit of this many cores, per the fit and the noise;
+    `credit` of the batches that would end past the slow edge counted as rescued into the band."""
     pred = curve.predict_limit(cores)
     if pred is None:
         return 0.0, 0.0
-    return band_chances(pred[0], math.sqrt(curve.noise**2 + pred[1] ** 2),
-                        math.log((1 + v.alpha) * v.objective_s), math.log((1 - v.alpha) * v.objective_s))
+    met, in_band = band_chances(pred[0], math.sqrt(curve.noise**2 + pred[1] ** 2),
+                                math.log((1 + v.alpha) * v.objective_s), math.log((1 - v.alpha) * v.objective_s))
+    return met + credit * (1 - met), in_band + credit * (1 - met)
 
 
 def _faster_than_band(pred: tuple[float, float] | None, v: ContainerView) -> bool:
