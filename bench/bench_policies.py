@@ -85,11 +85,11 @@ def seed_sets() -> list[tuple[str, tuple[int, ...]]]:
 
 
 def run() -> dict[str, Any]:
-    return run_sets(seed_sets(), PRIOR_ERROR, OUT, BEGIN, END)
+    return run_sets(seed_sets(), PRIOR_ERROR, OUT, BEGIN, END, rescue=True)
 
 
 def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, begin: str,
-             end: str) -> dict[str, Any]:
+             end: str, *, rescue: bool = False) -> dict[str, Any]:
     """Every policy on each (scenario, seeds); print the figures, write them to `out` (JSON) and, with
     $DQOES_BENCH_UPDATE, into that file's section between `begin` and `end`. A scenario run in more than
     one set also gets its ratios to the oracle policy over all its seeds together (`pooled`)."""
@@ -97,9 +97,9 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
     every: dict[str, list[policies.Run]] = {}
     t0 = time.monotonic()
     for name, chosen in sets:
-        runs = policies.run_all(name, chosen, prior_error=prior_error, workers=os.cpu_count() or 1,
-                                progress=_progress(len(chosen) * (len(policies.POLICIES) + (prior_error is not None)),
-                                                   t0))
+        runs = policies.run_all(name, chosen, prior_error=prior_error, workers=os.cpu_count() or 1, rescue=rescue,
+                                progress=_progress(len(chosen) * (len(policies.POLICIES) + (prior_error is not None)
+                                                                  + rescue), t0))
         print(file=sys.stderr)
         summary = policies.summarize(runs)
         key = where = f"{name}, seeds {chosen[0]}-{chosen[-1]}"  # one name, printed and in the JSON
@@ -159,15 +159,19 @@ def pooled(name: str, runs: list[policies.Run], count: int) -> dict[str, Any]:
 def _to_oracle_policy(runs: list[policies.Run], where: str) -> dict[str, Any]:
     """The headline figures: the learned allocator's met and in band over the oracle policy's in the
     same runs (ratio of means, standard error over the paired seeds)."""
-    ratio_met, se_met = policies.paired_ratio(runs, "learned", "oracle", "met")
-    ratio_band, se_band = policies.paired_ratio(runs, "learned", "oracle", "in_band")
-    return {
-        "learned_met_to_oracle_policy": report(f"{where}: learned met / oracle policy (same runs)",
-                                               ratio_met or 0.0, "x", goal=0.97, lower_is_better=False, se=se_met),
-        "learned_in_band_to_oracle_policy": report(f"{where}: learned in band / oracle policy (same runs)",
-                                                   ratio_band or 0.0, "x", goal=0.95, lower_is_better=False,
-                                                   se=se_band),
-    }
+    out = {}
+    for label, key in (("learned", "learned"), (policies.RESCUE_LABEL, "learned_late_rescue")):
+        if not any(r.policy == label for r in runs):
+            continue
+        ratio_met, se_met = policies.paired_ratio(runs, label, "oracle", "met")
+        ratio_band, se_band = policies.paired_ratio(runs, label, "oracle", "in_band")
+        out[f"{key}_met_to_oracle_policy"] = report(f"{where}: {label} met / oracle policy (same runs)",
+                                                    ratio_met or 0.0, "x", goal=0.97, lower_is_better=False,
+                                                    se=se_met)
+        out[f"{key}_in_band_to_oracle_policy"] = report(f"{where}: {label} in band / oracle policy (same runs)",
+                                                        ratio_band or 0.0, "x", goal=0.95, lower_is_better=False,
+                                                        se=se_band)
+    return out
 
 
 def _progress(total: int, t0: float) -> Callable[[str], None]:
@@ -183,9 +187,14 @@ def _progress(total: int, t0: float) -> Callable[[str], None]:
 
 def _ratios_sentence(figures: dict[str, Any], over: str) -> str:
     """The headline ratios as the section writes them."""
-    return (f"The learned allocator against the oracle policy over {over} (ratio of means; standard error over "
+    text = (f"The learned allocator against the oracle policy over {over} (ratio of means; standard error over "
             f"the paired seeds): met {_with_se(figures['learned_met_to_oracle_policy'])} (goal 0.97); in band "
             f"{_with_se(figures['learned_in_band_to_oracle_policy'])} (goal 0.95).")
+    if "learned_late_rescue_met_to_oracle_policy" in figures:
+        text += (f" With late batches rescued (`late_rescue = 1`, row {policies.RESCUE_LABEL}): met "
+                 f"{_with_se(figures['learned_late_rescue_met_to_oracle_policy'])}; in band "
+                 f"{_with_se(figures['learned_late_rescue_in_band_to_oracle_policy'])}.")
+    return text
 
 
 def _with_se(figure: dict[str, Any]) -> str:
