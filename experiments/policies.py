@@ -60,6 +60,10 @@ class Run:
     change_settle_mean: float = 0.0
     """Rounds moving a limit after each change on a node, before its next (mean over changes)."""
     changes_settled_within_3: float = 1.0
+    container_plan_settle_mean: float = 0.0
+    """As container_settle_mean, on the plan's limits (a move laid over a plan for one batch left out)."""
+    change_plan_settle_mean: float = 0.0
+    plan_changes_settled_within_3: float = 1.0
 
     @classmethod
     def of(cls, r: SimResult, label: str) -> Run:
@@ -70,7 +74,10 @@ class Run:
                    int(r.settle.get("container_rounds_max", 0)), float(r.settle.get("container_rounds_mean", 0.0)),
                    r.rounds, r.ceiling_met, r.ceiling_in_band, r.oracle_noise_met, r.oracle_noise_in_band,
                    r.oracle_noise_met_median, r.oracle_noise_in_band_median,
-                   float(r.settle.get("change_rounds_mean", 0.0)), float(r.settle.get("changes_settled_within_3", 1.0)))
+                   float(r.settle.get("change_rounds_mean", 0.0)), float(r.settle.get("changes_settled_within_3", 1.0)),
+                   float(r.settle.get("plan_container_rounds_mean", 0.0)),
+                   float(r.settle.get("plan_change_rounds_mean", 0.0)),
+                   float(r.settle.get("plan_changes_settled_within_3", 1.0)))
 
 
 def skewed_prior(scenario: Scenario, error: float, seed: int) -> PolicyContext:
@@ -169,6 +176,9 @@ def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
             "container_settle_mean": statistics.mean(r.container_settle_mean for r in rs),
             "change_settle_mean": statistics.mean(r.change_settle_mean for r in rs),
             "changes_settled_within_3": statistics.mean(r.changes_settled_within_3 for r in rs),
+            "container_plan_settle_mean": statistics.mean(r.container_plan_settle_mean for r in rs),
+            "change_plan_settle_mean": statistics.mean(r.change_plan_settle_mean for r in rs),
+            "plan_changes_settled_within_3": statistics.mean(r.plan_changes_settled_within_3 for r in rs),
             "changes_per_container_round": statistics.mean(r.changes_per_container_round for r in rs),
             "changes_per_container": statistics.mean(r.changes_per_container for r in rs),
             "rounds_mean": statistics.mean(r.rounds for r in rs),

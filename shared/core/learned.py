@@ -768,7 +768,8 @@ class LearnedPolicy(PolicyBase):
             ups[v.name] = (new, reason)
         interval = self._next_interval(view.now_s)
         return build_decision(self.name, view, cl, ups, interval_s=interval,
-                              listener=f"next informative batch in {interval:.3g} s")
+                              listener=f"next informative batch in {interval:.3g} s",
+                              planned={n: planned[n] for n in self.before_rescue})
 
     def _solve(self, views: Sequence[ContainerView], cores: float) -> dict[str, _Plan]:
         """Limits (fractions of the node) for every container: most met, then in band, then least CPU."""

@@ -173,8 +173,10 @@ def decisions_from(
     view: NodeView,
     cl: Classification,
     updates: Mapping[str, tuple[float | None, str]],
+    planned: Mapping[str, float] | None = None,
 ) -> tuple[ContainerDecision, ...]:
-    """Join a classification with per-container (new limit, reason) pairs."""
+    """Join a classification with per-container (new limit, reason) pairs, and the plan's limit of those
+    whose new limit is laid over it for one batch (`planned`)."""
     out = []
     for c in cl.items:
         new, why = updates[c.view.name]
@@ -188,6 +190,7 @@ def decisions_from(
                 old_limit=c.view.limit,
                 new_limit=new,
                 reason=why,
+                planned_limit=(planned or {}).get(c.view.name),
             )
         )
     return tuple(out)
@@ -202,13 +205,15 @@ def build_decision(
     interval_s: float,
     listener: str = "fixed",
     extra: Mapping[str, float] | None = None,
+    planned: Mapping[str, float] | None = None,
 ) -> Decision:
-    """The round's Decision from the classification and each container's (new limit, reason)."""
+    """The round's Decision from the classification and each container's (new limit, reason); `planned`:
+    the plan's limits of containers whose new limit lasts one batch (ContainerDecision.planned_limit)."""
     return Decision(
         node=view.node,
         now_s=view.now_s,
         policy=policy,
-        containers=decisions_from(view, cl, updates),
+        containers=decisions_from(view, cl, updates, planned),
         slack_sum_g_s=cl.slack_sum_g_s,
         slack_sum_b_s=cl.slack_sum_b_s,
         satisfied=cl.satisfied,

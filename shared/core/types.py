@@ -149,6 +149,13 @@ class ContainerDecision:
     old_limit: float | None
     new_limit: float | None
     reason: str
+    planned_limit: float | None = None
+    """The limit its plan holds where `new_limit` lays a move for the rest of one batch over it (a late
+    batch's rescue, or CPU lent to one); None: the plan is `new_limit`. Settling is read on plans."""
+
+    @property
+    def plan(self) -> float | None:
+        return self.new_limit if self.planned_limit is None else self.planned_limit
 
     @property
     def changed(self) -> bool:

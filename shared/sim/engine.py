@@ -132,7 +132,8 @@ class SimResult:
     anywhere, and the seconds until the last of them (per node: max and mean); per container,
     the rounds that moved its own limit after its own arrival or last change (max and mean); and
     per change on a node, the rounds that moved a limit there before its next change (mean, max,
-    and the share of changes settled within 3)."""
+    and the share of changes settled within 3). `plan_*`: the same read on the plans' limits
+    (ContainerDecision.planned_limit: a move laid over a plan for one batch left out)."""
     met_series: list[tuple[float, int]] = field(default_factory=list)
 
     @property
@@ -302,6 +303,10 @@ def simulate(
         node_changes[node].append(t)
 
     round_log: dict[str, list[tuple[float, float]]] = {n: [] for n in nodes}
+    plan_log: dict[str, list[tuple[float, float]]] = {n: [] for n in nodes}
+    """The same, for the plans' limits: a move laid over a plan for one batch (a rescue) left out."""
+    plan_of: dict[str, float | None] = {}
+    own_plan_moves: dict[str, int] = {}
     counters = {"changes": 0, "container_rounds": 0}
 
     def record_round(d: Decision, t: float) -> None:
@@ -319,6 +324,14 @@ def simulate(
             if m > SETTLED_MOVE and t > own_event_s.get(c.name, 0.0):
                 own_moves[c.name] = own_moves.get(c.name, 0) + 1
         round_log[d.node].append((t, moved))
+        plan_moved = 0.0
+        for c in d.containers:
+            m = limit_move(plan_of.get(c.name, c.old_limit), c.plan)
+            plan_of[c.name] = c.plan
+            plan_moved = max(plan_moved, m)
+            if m > SETTLED_MOVE and t > own_event_s.get(c.name, 0.0):
+                own_plan_moves[c.name] = own_plan_moves.get(c.name, 0) + 1
+        plan_log[d.node].append((t, plan_moved))
         if not record:
             return
         counts = d.counts
@@ -372,6 +385,7 @@ def simulate(
             if kind != "finish":
                 own_event_s[cname] = t
                 own_moves[cname] = 0
+                own_plan_moves[cname] = 0
             if kind.startswith("change:"):
                 ch = spec.changes[int(kind.split(":")[1])]
                 where = placed.get(cname)
@@ -408,6 +422,7 @@ def simulate(
                 nodes[where].remove(cname, t)
                 ctrls[where].remove(cname, t)
                 latest.pop(cname, None)
+                plan_of.pop(cname, None)
                 changed(where, t)
                 if not ctrls[where].managed:
                     node_satisfied[where] = 0
@@ -489,6 +504,17 @@ def simulate(
         "changes_settled_within_3": round(sum(1 for k in per_change if k <= 3) / len(per_change), 3)
         if per_change else 1.0,
     }
+    # The same read on the plans' limits (the same as above for every policy that lays nothing over its plan).
+    plan_settles = [rounds_to_settle(plan_log[n], last_event_s) for n in nodes if plan_log[n]]
+    plan_change = [k for n in nodes for k in rounds_after_each_change(plan_log[n], node_changes[n])]
+    settle.update({
+        "plan_rounds_max": max((r for r, _ in plan_settles), default=0),
+        "plan_container_rounds_mean": round(sum(own_plan_moves.values()) / len(own_plan_moves), 3)
+        if own_plan_moves else 0.0,
+        "plan_change_rounds_mean": round(sum(plan_change) / len(plan_change), 3) if plan_change else 0.0,
+        "plan_changes_settled_within_3": round(sum(1 for k in plan_change if k <= 3) / len(plan_change), 3)
+        if plan_change else 1.0,
+    })
     return SimResult(
         scenario=scenario.name,
         policy=policy,

@@ -91,3 +91,15 @@ def test_rescues_bring_more_of_the_long_containers_batches_into_its_band():
         share[on] = (band / n, met / n)
     assert share[1][0] >= share[0][0] + 0.05, share
     assert share[1][1] >= share[0][1] - 0.03, share
+
+
+def test_settling_is_read_on_the_plan_too_and_only_rescues_set_it_apart():
+    # Without rescues nothing is laid over the plan: both readings are the same figure. With them, a
+    # rescue's moves out and back count on every move, not on the plan.
+    keys = (("container_rounds_mean", "plan_container_rounds_mean"), ("change_rounds_mean", "plan_change_rounds_mean"),
+            ("rounds_max", "plan_rounds_max"), ("changes_settled_within_3", "plan_changes_settled_within_3"))
+    off, on = _run(0, 1).settle, _run(1, 1).settle
+    for every, plan in keys:
+        assert off[every] == off[plan], (every, off)
+    assert on["plan_container_rounds_mean"] < on["container_rounds_mean"], on
+    assert on["plan_rounds_max"] <= on["rounds_max"], on
