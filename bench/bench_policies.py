@@ -120,41 +120,13 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
             "learned_in_band_to_noise_oracle": report(f"{where}: learned in band / oracle under noise, worked out",
                                                       learned["in_band_to_noise_oracle"] or 0.0, "x", goal=0.95,
                                                       lower_is_better=False),
-            "learned_container_settle_rounds": report(
-                f"{where}: learned, rounds moving a container's limit after its change (mean)",
-                learned["container_settle_mean"], "rounds", goal=3.0),
-            "learned_change_settle_rounds": report(
-                f"{where}: learned, rounds moving a node's limits after each change there (mean)",
-                learned["change_settle_mean"], "rounds", goal=3.0),
-            "learned_changes_to_dqoes": report(
-                f"{where}: learned / DQoES limit changes per container per round",
-                learned["changes_per_container_round"] / dqoes["changes_per_container_round"]
-                if dqoes["changes_per_container_round"] else 0.0, "x", goal=1.0),
-            "learned_cpu_to_dqoes": report(f"{where}: learned / DQoES CPU spent",
-                                           learned["cpu_cores_mean"] / dqoes["cpu_cores_mean"], "x", goal=1.0),
+            **_settle_and_cost(where, "learned", "learned", learned, dqoes),
         }
         rescued = summary.get(policies.RESCUE_LABEL)
         if rescued is not None:
-            # Its rescues move limits out and back within a batch: settling read both ways.
-            label = policies.RESCUE_LABEL
-            figures.update({
-                "learned_late_rescue_container_settle_rounds": report(
-                    f"{where}: {label}, rounds moving a container's limit after its change (mean)",
-                    rescued["container_settle_mean"], "rounds", goal=3.0),
-                "learned_late_rescue_container_plan_settle_rounds": report(
-                    f"{where}: {label}, rounds moving a container's planned limit after its change (mean)",
-                    rescued["container_plan_settle_mean"], "rounds", goal=3.0),
-                "learned_late_rescue_change_plan_settle_rounds": report(
-                    f"{where}: {label}, rounds moving a node's planned limits after each change there (mean)",
-                    rescued["change_plan_settle_mean"], "rounds", goal=3.0),
-                "learned_late_rescue_changes_to_dqoes": report(
-                    f"{where}: {label} / DQoES limit changes per container per round",
-                    rescued["changes_per_container_round"] / dqoes["changes_per_container_round"]
-                    if dqoes["changes_per_container_round"] else 0.0, "x", goal=1.0),
-                "learned_late_rescue_cpu_to_dqoes": report(f"{where}: {label} / DQoES CPU spent",
-                                                           rescued["cpu_cores_mean"] / dqoes["cpu_cores_mean"],
-                                                           "x", goal=1.0),
-            })
+            # Its rescues move limits out and back within a batch: settling read on its plan as well.
+            figures.update(_settle_and_cost(where, policies.RESCUE_LABEL, "learned_late_rescue", rescued, dqoes,
+                                            plan=True))
         res[key] = {"scenario": name, "seeds": list(chosen), "summary": summary, "figures": figures,
                     "runs": [dataclasses.asdict(r) for r in runs]}
         every.setdefault(name, []).extend(runs)
@@ -169,6 +141,33 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
         update_section(Path(target), markdown(res, begin, end), begin, end)
         print(f"  section updated in {target}")
     return {name: v["figures"] for name, v in res.items()}
+
+
+def _settle_and_cost(where: str, label: str, key: str, s: dict[str, Any], dqoes: dict[str, Any],
+                     plan: bool = False) -> dict[str, Any]:
+    """A row's settling (every move; with `plan`, its plan's moves too) and its limit changes and CPU
+    against DQoES's, against the issue's goals."""
+    out = {f"{key}_container_settle_rounds": report(
+        f"{where}: {label}, rounds moving a container's limit after its change (mean)",
+        s["container_settle_mean"], "rounds", goal=3.0)}
+    if plan:
+        out[f"{key}_container_plan_settle_rounds"] = report(
+            f"{where}: {label}, rounds moving a container's planned limit after its change (mean)",
+            s["container_plan_settle_mean"], "rounds", goal=3.0)
+        out[f"{key}_change_plan_settle_rounds"] = report(
+            f"{where}: {label}, rounds moving a node's planned limits after each change there (mean)",
+            s["change_plan_settle_mean"], "rounds", goal=3.0)
+    else:
+        out[f"{key}_change_settle_rounds"] = report(
+            f"{where}: {label}, rounds moving a node's limits after each change there (mean)",
+            s["change_settle_mean"], "rounds", goal=3.0)
+    out[f"{key}_changes_to_dqoes"] = report(
+        f"{where}: {label} / DQoES limit changes per container per round",
+        s["changes_per_container_round"] / dqoes["changes_per_container_round"]
+        if dqoes["changes_per_container_round"] else 0.0, "x", goal=1.0)
+    out[f"{key}_cpu_to_dqoes"] = report(f"{where}: {label} / DQoES CPU spent",
+                                        s["cpu_cores_mean"] / dqoes["cpu_cores_mean"], "x", goal=1.0)
+    return out
 
 
 def pooled(name: str, runs: list[policies.Run], count: int) -> dict[str, Any]:
