@@ -961,7 +961,7 @@ class LearnedPolicy(PolicyBase):
                 continue
             start, mean, k = curve.last_end_s, pred[0], max(fit[1], K_RANGE[0])
             sd = max(1e-3, math.hypot(fit[5], pred[1]))
-            if curve.changed_at_s is not None and curve.changed_at_s - start > 0.05 * math.exp(mean):
+            if curve.changed_at_s is not None and curve.changed_at_s - start > 0.05 * _exp_or_inf(mean):
                 continue  # this batch ran under another limit for a while: its curve does not tell
             slow_s = v.objective_s * (1 + v.alpha)
             beyond = 1 - normal_cdf((math.log(slow_s) - mean) / sd)
