@@ -79,7 +79,15 @@ from shared.core.policy import (
     no_curves,
 )
 from shared.core.profiles import ModelProfile, whole_threads
-from shared.core.types import WORKLOAD_SEP, BatchObs, ContainerView, Decision, NodeView
+from shared.core.types import (
+    WORKLOAD_SEP,
+    BatchObs,
+    ContainerView,
+    Decision,
+    NodeView,
+    is_met,
+    is_satisfied,
+)
 
 BINDING = 0.85
 """A batch that used at least this share of its limit was held by it."""
@@ -910,11 +918,10 @@ class LearnedPolicy(PolicyBase):
             return
         rescue = self.rescues.get(v.name)
         start_s = b.finished_at_s - b.latency_s
-        slow_s = v.objective_s * (1 + v.alpha)
         if rescue is not None and abs(rescue[0] - start_s) <= 0.05 * b.latency_s:
-            self.rescued[0] += v.objective_s * (1 - v.alpha) <= b.latency_s <= slow_s
+            self.rescued[0] += is_satisfied(v.objective_s, b.latency_s, v.alpha)
             self.rescued[1] += 1
-        elif b.latency_s > slow_s:
+        elif not is_met(v.objective_s, b.latency_s, v.alpha):
             self.rescued[1] += 1
 
     def _rescue(self, view: NodeView, plans: dict[str, _Plan], proposal: dict[str, float], cores: float,
