@@ -33,7 +33,7 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +57,7 @@ from shared.core import registry
 from shared.core.measures import plateau, time_mean
 from shared.core.oracle import OracleItem, expected_plan, plan_node
 from shared.core.policy import BaseParams
-from shared.core.profiles import BUILTIN_PROFILES, ModelProfile
+from shared.core.profiles import BUILTIN_PROFILES, ModelProfile, at_batch
 from shared.core.types import Cls, classify, is_met, is_satisfied
 from shared.natsd import NatsServer
 from shared.runtime import cgroupfs
@@ -800,6 +800,12 @@ def load_profiles(path: str | None) -> tuple[dict[str, ModelProfile], str]:
     return {**BUILTIN_PROFILES, **loaded}, shown
 
 
+def batch_profiles(profiles: Mapping[str, ModelProfile], images: int, resolution_px: int) -> dict[str, ModelProfile]:
+    """Every profile for the run's batches (`images` of `resolution_px`): what the containers run is
+    what the forecast, the objectives and the bounds are worked out from."""
+    return {m: at_batch(p, images, resolution_px) for m, p in profiles.items()}
+
+
 def profiles_named(shown: str) -> dict[str, ModelProfile]:
     """The profiles a summary names (as load_profiles showed them: "built-in", or a path, relative to the
     repository where it lies in it)."""
@@ -878,7 +884,8 @@ def _read_back(opts: RealOptions, rel: str | None, begin: str, end: str) -> tupl
     d = read_back_json(opts.from_file, what)
     with reading_back(opts.from_file, what):
         if opts.records:
-            add_noise_bounds(d, read_records(opts.records, list(d["real"])), profiles_named(d["profiles"]))
+            add_noise_bounds(d, read_records(opts.records, list(d["real"])),
+                             batch_profiles(profiles_named(d["profiles"]), d["batch"], d["resolution_px"]))
         d["profiles_off"] = profiles_off(d)  # records from before it was kept
         return d, real_figure(d) if opts.plot else None, render_markdown(d, rel, begin, end)
 
@@ -945,8 +952,9 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
             raise ExperimentError(f"--models: no profile for {m!r}")
         p = profiles[m]
         if (p.batch_images, p.resolution_px) != (opts.batch_size, opts.resolution):
-            _log(f"warning: profile {m} was measured at {p.batch_images} x {p.resolution_px} px, the containers "
-                 f"run {opts.batch_size} x {opts.resolution} px: the forecast will not match")
+            _log(f"profile {m} was measured at {p.batch_images} x {p.resolution_px} px, the containers run "
+                 f"{opts.batch_size} x {opts.resolution} px: its work per batch scaled by images and pixels")
+    profiles = batch_profiles(profiles, opts.batch_size, opts.resolution)
     objectives = None
     if opts.objectives:
         try:

@@ -448,8 +448,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    help="with --update: a named generated section (e.g. host16), for several real setups in one file")
     p.add_argument("--models", default=d.models, help="cycled over the containers")
     p.add_argument("--objectives", help="seconds a batch, cycled (default: fastest-alone x 0.8, 3, 1.6, 5, 2.2, 8)")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images a batch (default 10, as calibrated)")
-    p.add_argument("--resolution", type=int, default=d.resolution, help="image side in px (default 224, as calibrated)")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="images a batch (default 10, as calibrated; the profiles' work per batch is scaled to it)")
+    p.add_argument("--resolution", type=int, default=d.resolution, help="image side in px (default 224, as calibrated; work scaled by pixels)")
     p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
     p.add_argument("--profiles", help="profiles file for the forecast (default: $DQOES_PROFILES, else "
                    "docs/calibration/profiles.toml, else the built-ins)")

@@ -12,6 +12,7 @@ them with measurements (see docs/calibration.md once it exists).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -136,6 +137,24 @@ class ModelProfile:
             self.source,
             self.follows_limit if follows_limit is None else follows_limit,
         )
+
+
+def at_batch(p: ModelProfile, images: int, resolution_px: int) -> ModelProfile:
+    """`p` for batches of `images` at `resolution_px`: its work per batch scaled linearly with the
+    images and with the pixels of each (a CNN's FLOPs grow with both; docs/calibration.md, "Profiles
+    at another batch size"). Overhead, efficiency and warm-up are kept; the same profile where
+    nothing changes."""
+    if not (isinstance(images, int) and images >= 1):
+        raise ValueError(f"images must be an integer >= 1, got {images!r}")
+    if not (isinstance(resolution_px, int) and resolution_px >= 1):
+        raise ValueError(f"resolution_px must be an integer >= 1, got {resolution_px!r}")
+    if (images, resolution_px) == (p.batch_images, p.resolution_px):
+        return p
+    factor = images / p.batch_images * (resolution_px / p.resolution_px) ** 2
+    return dataclasses.replace(
+        p, work_cpu_s=p.work_cpu_s * factor, batch_images=images, resolution_px=resolution_px,
+        source=f"{p.source}; scaled from {p.batch_images} images x {p.resolution_px} px",
+    )
 
 
 def flops_scaled(name: str, threads: int = 1) -> ModelProfile:

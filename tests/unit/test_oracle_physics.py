@@ -8,7 +8,7 @@ import random
 import pytest
 
 from shared.core.oracle import OracleItem, plan_node
-from shared.core.profiles import BUILTIN_PROFILES, ModelProfile, limit_for_latency
+from shared.core.profiles import BUILTIN_PROFILES, ModelProfile, at_batch, limit_for_latency
 from shared.sim.physics import SimNode, water_fill
 
 P = ModelProfile("m", work_cpu_s=10.0, threads=4)
@@ -39,6 +39,19 @@ def test_profile_validation():
         ModelProfile("x", 0)
     with pytest.raises(ValueError):
         ModelProfile("x", 1, efficiency=((0.5, 1.0), (1.0, 1.5)))
+
+
+def test_a_profile_at_another_batch_scales_its_work_by_images_and_pixels():
+    q = ModelProfile("q", 2.0, 1, overhead_s=0.1, efficiency=((0.5, 1.2),), batch_images=10, resolution_px=224)
+    assert at_batch(q, 10, 224) is q
+    assert at_batch(q, 30, 224).work_cpu_s == pytest.approx(6.0)
+    big = at_batch(q, 10, 448)
+    assert big.work_cpu_s == pytest.approx(8.0) and big.resolution_px == 448 and "scaled from 10 images" in big.source
+    assert (big.overhead_s, big.efficiency, big.threads) == (q.overhead_s, q.efficiency, q.threads)
+    assert big.latency_s(0.5, 2.0) == pytest.approx(4 * (q.latency_s(0.5, 2.0) - 0.1) + 0.1)
+    for images, px in ((0, 224), (10, 0), (1.5, 224)):
+        with pytest.raises(ValueError):
+            at_batch(q, images, px)
 
 
 def test_limit_for_latency_inverts_the_curve():

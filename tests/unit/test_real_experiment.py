@@ -216,11 +216,11 @@ def test_the_oracle_under_noise_keeps_fewer_in_band_the_noisier_the_run():
 
 
 def _older_summary() -> dict:
-    """A learned run's summary of two ResNet-50s on 2 cores (built-in profiles), from before a summary
-    kept the noise and the oracles beside it."""
+    """A learned run's summary of two ResNet-50s on 2 cores (built-in profiles, at their 100 images a
+    batch), from before a summary kept the noise and the oracles beside it."""
     specs = realexp.plan_containers(2, ["resnet50"], BUILTIN_PROFILES, 2.0)
     final = {c.name: {"latency_s": 3.0, "cls": "S", "limit": 0.25, "cpu_cores": 0.5} for c in specs}
-    return {"command": "dqoes experiment real", "started_at": "now", "image": "img", "cores": 2.0, "batch": 10,
+    return {"command": "dqoes experiment real", "started_at": "now", "image": "img", "cores": 2.0, "batch": 100,
             "resolution_px": 224, "duration_s": 100, "profiles": "built-in",
             "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s, "fastest_s": 1.0}
                            for c in specs],
@@ -316,6 +316,24 @@ def test_a_sigterm_dropped_while_a_process_starts_still_stops_the_run(tmp_path):
     assert proc.poll() is None
     run.stop()
     assert proc.poll() is not None and "manager" not in run.procs
+
+
+def test_profiles_are_scaled_to_the_batches_the_containers_run(tmp_path, capsys):
+    # A profile calibrated at 10 images, containers that run 50: objectives, forecast and bounds are
+    # worked out from five times its work per batch, and so is a summary read back with its records.
+    ten = resnet_profile()
+    fifty = realexp.batch_profiles({"resnet50": ten}, 50, 224)["resnet50"]
+    assert fifty.work_cpu_s == pytest.approx(5 * ten.work_cpu_s) and fifty.batch_images == 50
+    assert fifty.efficiency == ten.efficiency and fifty.overhead_s == ten.overhead_s
+    specs = realexp.plan_containers(2, ["resnet50"], {"resnet50": fifty}, 2.0)
+    assert specs[0].objective_s == pytest.approx(round(fifty.fastest_s(2.0) * realexp.FACTORS[0], 2))
+    d = {**_older_summary(), "batch": 20}
+    rows = [_decision(0.0, {"c01": 0.5})] + [_batch(60.0 + 3 * i, "c01", v) for i, v in enumerate((3.0, 3.3, 2.8))]
+    _, _, got = _completed_from_records(tmp_path, capsys, d, rows)
+    sd = got["noise"]["sd"]
+    scaled = realexp.batch_profiles(BUILTIN_PROFILES, 20, 224)
+    assert got["oracle_under_noise"] == realexp.oracle_under_noise(d, scaled, sd)
+    assert got["oracle_under_noise"] != realexp.oracle_under_noise(d, BUILTIN_PROFILES, sd)
 
 
 def test_a_profile_that_does_not_hold_on_this_machine_is_reported():
