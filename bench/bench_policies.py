@@ -29,8 +29,11 @@ lower median per node of its Poisson-binomial count), and its noise-free bound
 (the most any steady allocation could keep met / in band if batches had no
 noise).
 
-Writes bench/out/policies.json; `--update FILE` also writes the tables into
-the generated section of a Markdown file (docs/results.md).
+Writes bench/out/policies.json; with $DQOES_BENCH_UPDATE (as `make
+bench-policies` sets it) also the tables into the generated section of that
+Markdown file (docs/results.md). $DQOES_BENCH_SEEDS=A-B runs only seeds A-B of
+each scenario, writes bench/out/policies-seeds-A-B.json and leaves the section
+as it was.
 """
 
 from __future__ import annotations
@@ -85,14 +88,20 @@ def seed_sets() -> list[tuple[str, tuple[int, ...]]]:
 
 
 def run() -> dict[str, Any]:
-    return run_sets(seed_sets(), PRIOR_ERROR, OUT, BEGIN, END, rescue=True)
+    sets = seed_sets()
+    if os.environ.get("DQOES_BENCH_SEEDS"):
+        # A quicker look has its own file and leaves the held-out tables as they are.
+        seeds = sets[0][1]
+        return run_sets(sets, PRIOR_ERROR, OUT.with_name(f"policies-seeds-{seeds[0]}-{seeds[-1]}.json"), BEGIN,
+                        END, rescue=True, update=False)
+    return run_sets(sets, PRIOR_ERROR, OUT, BEGIN, END, rescue=True)
 
 
 def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, begin: str,
-             end: str, *, rescue: bool = False) -> dict[str, Any]:
+             end: str, *, rescue: bool = False, update: bool = True) -> dict[str, Any]:
     """Every policy on each (scenario, seeds); print the figures, write them to `out` (JSON) and, with
-    $DQOES_BENCH_UPDATE, into that file's section between `begin` and `end`. A scenario run in more than
-    one set also gets its ratios to the oracle policy over all its seeds together (`pooled`)."""
+    $DQOES_BENCH_UPDATE and `update`, into that file's section between `begin` and `end`. A scenario run
+    in more than one set also gets its ratios to the oracle policy over all its seeds together (`pooled`)."""
     res: dict[str, Any] = {}
     every: dict[str, list[policies.Run]] = {}
     t0 = time.monotonic()
@@ -137,7 +146,9 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
     out.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
     print(f"  written to {out}")
     target = os.environ.get("DQOES_BENCH_UPDATE")
-    if target:
+    if target and not update:
+        print(f"  $DQOES_BENCH_SEEDS is set: the section in {target} is left as it was")
+    elif target:
         update_section(Path(target), markdown(res, begin, end), begin, end)
         print(f"  section updated in {target}")
     return {name: v["figures"] for name, v in res.items()}

@@ -75,3 +75,29 @@ def test_sets_of_one_scenario_are_also_pooled_over_all_their_seeds(tmp_path, mon
     text = doc.read_text()
     assert "#### random-cluster-crowded, every held-out seed above together (2 seeds)" in text
     assert f"in band {band['value']:.4f} x" in text
+
+
+def test_a_quicker_look_at_a_few_seeds_keeps_the_held_out_results_as_they_are(tmp_path, monkeypatch, capsys):
+    from bench import bench_policies
+
+    seen = {}
+
+    def fake(sets, prior_error, out, begin, end, *, rescue=False, update=True):
+        seen.update(sets=sets, out=out, update=update)
+        return {}
+
+    monkeypatch.setattr(bench_policies, "run_sets", fake)
+    monkeypatch.setenv("DQOES_BENCH_SEEDS", "1001-1002")
+    bench_policies.run()
+    assert seen["out"].name == "policies-seeds-1001-1002.json" and seen["update"] is False
+    assert [seeds for _, seeds in seen["sets"]] == [(1001, 1002)] * len(bench_policies.SCENARIOS)
+    monkeypatch.delenv("DQOES_BENCH_SEEDS")
+    bench_policies.run()
+    assert seen["out"] == bench_policies.OUT and seen["update"] is True
+    # And a run that is not to update the section says so, leaving the file as it was.
+    doc = tmp_path / "results.md"
+    doc.write_text(f"{bench_stress.BEGIN}\nold\n{bench_stress.END}\n")
+    monkeypatch.setenv("DQOES_BENCH_UPDATE", str(doc))
+    run_sets([("random-cluster-crowded", (2,))], None, tmp_path / "q.json", bench_stress.BEGIN, bench_stress.END,
+             update=False)
+    assert "old" in doc.read_text() and "is left as it was" in capsys.readouterr().out
