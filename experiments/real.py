@@ -242,21 +242,25 @@ class RealRun:
         inference_creds = self.creds(auth.identity_name("inference", self.node)).resolve()  # docker -v needs absolute
         time.sleep(1.0)
         for c in self.specs:
-            name = self.name(c)
-            _docker("run", "-d", "--name", name, "--init", "--network", "host",
-                    "--label", "dqoes.managed=true", "--label", f"dqoes.node={self.node}",
-                    "--label", f"dqoes.objective_s={c.objective_s:g}", "--label", f"dqoes.model={c.model}",
-                    "--label", f"dqoes.run={self.prefix}",
-                    "-e", f"DQOES_NODE={self.node}", "-e", f"DQOES_NATS_URL={url}",
-                    "-v", f"{inference_creds}:/run/dqoes/nats.creds:ro",
-                    "-e", "DQOES_NATS_CREDS=/run/dqoes/nats.creds",
-                    "-e", f"DQOES_CONTAINER_NAME={name}", "-e", f"DQOES_MODEL={c.model}",
-                    "-e", f"DQOES_BATCH={self.batch}", "-e", f"DQOES_RESOLUTION={self.resolution_px}",
-                    "-e", "DQOES_THREADS=1",
-                    "--entrypoint", "python", self.image, "-m", "services.inference")
-            self.started.append(name)
+            _docker(*self.docker_run_args(c, url, inference_creds))
+            self.started.append(self.name(c))
             check_interrupted()
         self.t0 = time.time()
+
+    def docker_run_args(self, c: ContainerSpec, url: str, creds: Path) -> list[str]:
+        """`docker run` for one workload: labelled for the worker, its threads left to follow its limit
+        (max(1, floor(limit)), as the forecast and the bounds model them and as under the cgroup runtime)."""
+        name = self.name(c)
+        return ["run", "-d", "--name", name, "--init", "--network", "host",
+                "--label", "dqoes.managed=true", "--label", f"dqoes.node={self.node}",
+                "--label", f"dqoes.objective_s={c.objective_s:g}", "--label", f"dqoes.model={c.model}",
+                "--label", f"dqoes.run={self.prefix}",
+                "-e", f"DQOES_NODE={self.node}", "-e", f"DQOES_NATS_URL={url}",
+                "-v", f"{creds}:/run/dqoes/nats.creds:ro",
+                "-e", "DQOES_NATS_CREDS=/run/dqoes/nats.creds",
+                "-e", f"DQOES_CONTAINER_NAME={name}", "-e", f"DQOES_MODEL={c.model}",
+                "-e", f"DQOES_BATCH={self.batch}", "-e", f"DQOES_RESOLUTION={self.resolution_px}",
+                "--entrypoint", "python", self.image, "-m", "services.inference"]
 
     def groups(self) -> dict[str, cgroupfs.Group]:
         out = {}

@@ -435,3 +435,25 @@ def test_cpu_weights_reach_the_worker_and_the_command_line(tmp_path, monkeypatch
     monkeypatch.setenv("DQOES_CPU_WEIGHTS", "0")
     assert parse(["--runtime", "docker"]).cpu_weights is False
     assert parse(["--runtime", "docker", "--cpu-weights"]).cpu_weights is True
+
+
+def test_docker_workloads_are_labelled_for_the_worker_and_their_threads_follow_their_limit(tmp_path, monkeypatch):
+    # As under the cgroup runtime, and as the forecast and the bounds model them: no thread count is
+    # pinned, so each workload runs max(1, floor(limit)) threads and its batches say so.
+    from services.inference.__main__ import parse as parse_inference
+
+    spec = realexp.plan_containers(1, ["resnet50"], BUILTIN_PROFILES, 2.0, [4.0])[0]
+    run = realexp.RealRun("n1", "learned", [spec], cores=2.0, image="img:1", batch=10, resolution_px=224,
+                          run_dir=tmp_path)
+    args = run.docker_run_args(spec, "nats://127.0.0.1:4222", tmp_path / "c.creds")
+    labels = {args[i + 1] for i, a in enumerate(args) if a == "--label"}
+    assert {"dqoes.managed=true", "dqoes.node=n1", "dqoes.objective_s=4", "dqoes.model=resnet50"} <= labels
+    env = dict(args[i + 1].split("=", 1) for i, a in enumerate(args) if a == "-e")
+    assert "DQOES_THREADS" not in env and env["DQOES_BATCH"] == "10"
+    assert args[-3:] == ["img:1", "-m", "services.inference"]
+    monkeypatch.delenv("DQOES_THREADS", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("DQOES_NATS_CREDS")  # the file lies in the container
+    _, cfg = parse_inference([])
+    assert cfg.threads is None and cfg.batch == 10 and cfg.model == "resnet50"
