@@ -8,6 +8,7 @@ count printed by the others. Pure: series in, numbers out.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 
 def plateau(series: list[tuple[float, int]], start_s: float, end_s: float, samples: int = 61) -> int:
@@ -106,6 +107,27 @@ def rounds_after_each_change(rounds: list[tuple[float, float]], changes_s: list[
         until = times[i + 1] if i + 1 < len(times) else math.inf
         out.append(sum(1 for t, m in rounds if at < t < until and m > move))
     return out
+
+
+def settle_summary(logs: Mapping[str, list[tuple[float, float]]], own_moves: Mapping[str, int],
+                   changes_s: Mapping[str, list[float]], after_s: float) -> dict[str, float]:
+    """A run's settling figures: per node (`logs`: node -> its rounds, as for rounds_to_settle) the
+    rounds and seconds after `after_s`; per container the rounds that moved its own limit after its own
+    arrival or change (`own_moves`); per change on a node (`changes_s`: node -> change times) the rounds
+    before the next."""
+    settles = [rounds_to_settle(log, after_s) for log in logs.values() if log]
+    per_change = [k for n, log in logs.items() for k in rounds_after_each_change(log, changes_s[n])]
+    return {
+        "rounds_max": max((r for r, _ in settles), default=0),
+        "rounds_mean": round(sum(r for r, _ in settles) / len(settles), 3) if settles else 0.0,
+        "seconds_max": round(max((x for _, x in settles), default=0.0), 3),
+        "container_rounds_max": max(own_moves.values(), default=0),
+        "container_rounds_mean": round(sum(own_moves.values()) / len(own_moves), 3) if own_moves else 0.0,
+        "change_rounds_mean": round(sum(per_change) / len(per_change), 3) if per_change else 0.0,
+        "change_rounds_max": max(per_change, default=0),
+        "changes_settled_within_3": round(sum(1 for k in per_change if k <= 3) / len(per_change), 3)
+        if per_change else 1.0,
+    }
 
 
 def normal_cdf(z: float) -> float:

@@ -27,8 +27,7 @@ from shared.core.measures import (
     converged,
     limit_move,
     plateau,
-    rounds_after_each_change,
-    rounds_to_settle,
+    settle_summary,
 )
 from shared.core.oracle import OracleItem, expected_plan, plan_node
 from shared.core.policy import Policy, PolicyContext
@@ -37,6 +36,9 @@ from shared.core.types import Decision, is_met, is_satisfied, workload_of
 from shared.scenarios.placement import place
 from shared.scenarios.spec import Scenario
 from shared.sim.physics import SimNode
+
+PLAN_SETTLE = ("rounds_max", "container_rounds_mean", "change_rounds_mean", "changes_settled_within_3")
+"""The settling figures also read on the plans' limits, each as `plan_<name>` in a run's `settle`."""
 
 
 def _workload(specs: dict[str, Any], b: Any) -> str | None:
@@ -490,31 +492,10 @@ def simulate(
     conv, conv_at = converged(series)
     per_node = {n: plateau(seen_series[n], window_at, end) for n in nodes}
     met_per_node = {n: plateau(seen_met_series[n], window_at, end) for n in nodes}
-    settles = [rounds_to_settle(round_log[n], last_event_s) for n in nodes if round_log[n]]
-    per_change = [k for n in nodes for k in rounds_after_each_change(round_log[n], node_changes[n])]
-    settle = {
-        "after_s": round(last_event_s, 3),
-        "rounds_max": max((r for r, _ in settles), default=0),
-        "rounds_mean": round(sum(r for r, _ in settles) / len(settles), 3) if settles else 0.0,
-        "seconds_max": round(max((x for _, x in settles), default=0.0), 3),
-        "container_rounds_max": max(own_moves.values(), default=0),
-        "container_rounds_mean": round(sum(own_moves.values()) / len(own_moves), 3) if own_moves else 0.0,
-        "change_rounds_mean": round(sum(per_change) / len(per_change), 3) if per_change else 0.0,
-        "change_rounds_max": max(per_change, default=0),
-        "changes_settled_within_3": round(sum(1 for k in per_change if k <= 3) / len(per_change), 3)
-        if per_change else 1.0,
-    }
+    settle = {"after_s": round(last_event_s, 3), **settle_summary(round_log, own_moves, node_changes, last_event_s)}
     # The same read on the plans' limits (the same as above for every policy that lays nothing over its plan).
-    plan_settles = [rounds_to_settle(plan_log[n], last_event_s) for n in nodes if plan_log[n]]
-    plan_change = [k for n in nodes for k in rounds_after_each_change(plan_log[n], node_changes[n])]
-    settle.update({
-        "plan_rounds_max": max((r for r, _ in plan_settles), default=0),
-        "plan_container_rounds_mean": round(sum(own_plan_moves.values()) / len(own_plan_moves), 3)
-        if own_plan_moves else 0.0,
-        "plan_change_rounds_mean": round(sum(plan_change) / len(plan_change), 3) if plan_change else 0.0,
-        "plan_changes_settled_within_3": round(sum(1 for k in plan_change if k <= 3) / len(plan_change), 3)
-        if plan_change else 1.0,
-    })
+    plan = settle_summary(plan_log, own_plan_moves, node_changes, last_event_s)
+    settle.update({f"plan_{k}": plan[k] for k in PLAN_SETTLE})
     return SimResult(
         scenario=scenario.name,
         policy=policy,
