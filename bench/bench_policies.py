@@ -3,7 +3,7 @@
 Seeds 1001-1020 of `random-cluster-40` (4 nodes of random sizes in
 {2, 4, 4.6, 6, 8} cores, 40 mixed models, random noise, objective changes and
 drift) and of `paper-cluster-40` were never run while the learned allocator
-was developed (development used seeds 1-400, later 3001-3100, 5001-5100, 6001-6200 and 7001-7100;
+was developed (development used seeds 1-400, later 3001-3100, 5001-5100, 6001-6200, 7001-7100 and 8001-8200;
 the held-out twenty were run only to
 report, never to choose between variants), nor were seeds 2001-2100 of
 `random-cluster-40` before they were added here (below), nor seeds 9001-9200 (added on 28 Nov 2026,
