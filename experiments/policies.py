@@ -64,6 +64,9 @@ class Run:
     """As container_settle_mean, on the plan's limits (a move laid over a plan for one batch left out)."""
     change_plan_settle_mean: float = 0.0
     plan_changes_settled_within_3: float = 1.0
+    expected_met: float = 0.0
+    """Its final allocation's expected met (SimResult.expected_met_final): no draw of the last batches."""
+    expected_in_band: float = 0.0
 
     @classmethod
     def of(cls, r: SimResult, label: str) -> Run:
@@ -77,7 +80,8 @@ class Run:
                    float(r.settle.get("change_rounds_mean", 0.0)), float(r.settle.get("changes_settled_within_3", 1.0)),
                    float(r.settle.get("plan_container_rounds_mean", 0.0)),
                    float(r.settle.get("plan_change_rounds_mean", 0.0)),
-                   float(r.settle.get("plan_changes_settled_within_3", 1.0)))
+                   float(r.settle.get("plan_changes_settled_within_3", 1.0)), r.expected_met_final,
+                   r.expected_in_band_final)
 
 
 def skewed_prior(scenario: Scenario, error: float, seed: int) -> PolicyContext:
@@ -166,6 +170,8 @@ def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
             "noise_oracle_in_band_median_mean": statistics.mean(r.noise_oracle_in_band_median for r in rs),
             "ceiling_met_mean": statistics.mean(r.ceiling_met for r in rs),
             "ceiling_in_band_mean": statistics.mean(r.ceiling_in_band for r in rs),
+            "expected_met_mean": statistics.mean(r.expected_met for r in rs),
+            "expected_in_band_mean": statistics.mean(r.expected_in_band for r in rs),
             "cpu_cores_mean": statistics.mean(r.cpu_cores for r in rs),
             "cpu_idle_cores_mean": statistics.mean(max(0.0, r.cores - r.cpu_cores) for r in rs),  # no float dust below 0
             "settle_rounds_max_mean": statistics.mean(r.settle_rounds_max for r in rs),

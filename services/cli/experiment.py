@@ -108,6 +108,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"  oracle under this run's noise: met {s['oracle_noise_met_median']}, in band "
               f"{s['oracle_noise_in_band_median']} as a run counts them; at most {s['ceiling_met']:.1f} met "
               f"or {s['ceiling_in_band']:.1f} in band expected (the oracle figures above are noise-free)")
+        print(f"  its final limits, as chances of each container's next batch: met {s['expected_met_final']:.1f}, "
+              f"in band {s['expected_in_band_final']:.1f} expected (the oracle under noise's: "
+              f"{s['oracle_noise_met']:.1f} / {s['oracle_noise_in_band']:.1f})")
         per = "  ".join(f"{k}: {s['met_per_node'][k]}/{v}" for k, v in s["satisfied_per_node"].items())
         print(f"  per node (met/in band): {per}")
         st = s["settle"]

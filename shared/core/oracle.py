@@ -368,9 +368,24 @@ NOISE_GRID = 160
 def latency_cdf(p: ModelProfile, limit: float, node_cores: float, latency_s: float, sigma: float) -> float:
     """P(one batch's latency <= latency_s) alone at this limit (a fraction of the node), the
     work per batch log-normal with log standard deviation `sigma` (the simulator's noise)."""
-    base = p.latency_s(limit * node_cores, node_cores)
-    cpu_part = base - p.overhead_s
-    room = latency_s - p.overhead_s
+    return _cdf(p.latency_s(limit * node_cores, node_cores) - p.overhead_s, p.overhead_s, latency_s, sigma)
+
+
+def chances_at_rate(p: ModelProfile, limit_cores: float | None, rate_cores: float, objective_s: float,
+                    alpha: float, sigma: float) -> tuple[float, float]:
+    """(P(met), P(in band)) of one batch computing at `rate_cores` under a limit of `limit_cores` (None:
+    none; it sets the quota's efficiency penalty), the work per batch log-normal with log sd `sigma`."""
+    if rate_cores <= 0:
+        return 0.0, 0.0
+    cpu_part = p.work_cpu_s * p.cpu_multiplier(limit_cores) / rate_cores
+    met = _cdf(cpu_part, p.overhead_s, (1 + alpha) * objective_s, sigma)
+    too_fast = _cdf(cpu_part, p.overhead_s, (1 - alpha) * objective_s * (1 - 2 * _SLACK), sigma)
+    return met, max(0.0, met - too_fast)
+
+
+def _cdf(cpu_part: float, overhead_s: float, latency_s: float, sigma: float) -> float:
+    """P(cpu_part x noise + overhead_s <= latency_s), the noise log-normal with log sd `sigma`."""
+    room = latency_s - overhead_s
     if room <= 0:
         return 0.0
     if cpu_part <= 0:

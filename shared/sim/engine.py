@@ -29,13 +29,13 @@ from shared.core.measures import (
     plateau,
     settle_summary,
 )
-from shared.core.oracle import OracleItem, expected_plan, plan_node
+from shared.core.oracle import OracleItem, chances_at_rate, expected_plan, plan_node
 from shared.core.policy import Policy, PolicyContext
 from shared.core.profiles import ModelProfile
 from shared.core.types import Decision, is_met, is_satisfied, workload_of
 from shared.scenarios.placement import place
 from shared.scenarios.spec import Scenario
-from shared.sim.physics import SimNode
+from shared.sim.physics import SimNode, water_fill
 
 PLAN_SETTLE = ("rounds_max", "container_rounds_mean", "change_rounds_mean", "changes_settled_within_3")
 """The settling figures also read on the plans' limits, each as `plan_<name>` in a run's `settle`."""
@@ -81,6 +81,9 @@ class FinalContainer:
     cpu_share: float | None
     batches: int
     met: bool = False
+    chance_met: float = 0.0
+    """Its next batch's chance to be met at the CPU it ends with (`next_batch_chances`)."""
+    chance_in_band: float = 0.0
 
 
 @dataclass(slots=True)
@@ -137,6 +140,11 @@ class SimResult:
     and the share of changes settled within 3). `plan_*`: the same read on the plans' limits
     (ContainerDecision.planned_limit: a move laid over a plan for one batch left out)."""
     met_series: list[tuple[float, int]] = field(default_factory=list)
+    expected_met_final: float = 0.0
+    """Each container's chance that its next batch is met at the CPU it ends with, on its true curve
+    under the run's noise, summed: the policy's final allocation counted without the draw of the
+    batches the plateau counts (`next_batch_chances`)."""
+    expected_in_band_final: float = 0.0
 
     @property
     def cpu_cores_idle_final(self) -> float:
@@ -173,6 +181,8 @@ class SimResult:
             "oracle_noise_in_band": round(self.oracle_noise_in_band, 3),
             "oracle_noise_met_median": self.oracle_noise_met_median,
             "oracle_noise_in_band_median": self.oracle_noise_in_band_median,
+            "expected_met_final": round(self.expected_met_final, 3),
+            "expected_in_band_final": round(self.expected_in_band_final, 3),
             "limit_changes": self.limit_changes,
             "changes_per_container_round": round(self.changes_per_container_round, 4),
             "settle": self.settle,
@@ -192,6 +202,8 @@ class SimResult:
                     "limit": _r(f.limit),
                     "cpu_share": _r(f.cpu_share),
                     "batches": f.batches,
+                    "chance_met": round(f.chance_met, 4),
+                    "chance_in_band": round(f.chance_in_band, 4),
                 }
                 for f in self.final
             ],
@@ -453,6 +465,7 @@ def simulate(
     for name, node in nodes.items():
         ctrl = ctrls[name]
         items = []
+        chances = next_batch_chances(node, objective_now, alpha_of)
         for cname, sc in node.containers.items():
             spec = specs[cname]
             alpha = alpha_of[cname]
@@ -470,7 +483,8 @@ def simulate(
             tracked = ctrl.containers.get(cname)
             final.append(
                 FinalContainer(cname, name, spec.model, objective, alpha, lat, ok,
-                               tracked.limit if tracked else sc.limit, share, batches.get(cname, 0), met)
+                               tracked.limit if tracked else sc.limit, share, batches.get(cname, 0), met,
+                               *chances.get(cname, (0.0, 0.0)))
             )
             if objective is not None:
                 p = scenario.profile_of(spec)
@@ -526,4 +540,28 @@ def simulate(
         container_rounds=counters["container_rounds"],
         settle=settle,
         met_series=met_series,
+        expected_met_final=sum(f.chance_met for f in final),
+        expected_in_band_final=sum(f.chance_in_band for f in final),
     )
+
+
+def next_batch_chances(node: SimNode, objective_of: dict[str, float | None],
+                       alpha_of: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """(P(met), P(in band)) of each container's next batch at the limits the node ends with.
+
+    Each computes at the rate CFS gives it with every container on the node computing at once (its
+    limit, or its fair part of a node its limits overcommit), on its true curve (its work as it is
+    now) under the noise the simulator draws: what a policy's last allocation is worth, without
+    the luck of the few batches a plateau counts. Containers with no objective are left out."""
+    cs = list(node.containers.items())
+    limits = [None if c.limit is None else c.limit * node.cores for _, c in cs]
+    caps = [float(c.profile.threads_at(lim)) if lim is None else min(lim, float(c.profile.threads_at(lim)))
+            for (_, c), lim in zip(cs, limits, strict=True)]
+    out = {}
+    for (cname, c), lim, rate in zip(cs, limits, water_fill(caps, node.cores), strict=True):
+        objective = objective_of.get(cname)
+        if objective is None:
+            continue
+        p = dataclasses.replace(c.profile, work_cpu_s=c.profile.work_cpu_s * c.work_factor)
+        out[cname] = chances_at_rate(p, lim, rate, objective, alpha_of[cname], c.noise_sigma)
+    return out

@@ -91,8 +91,10 @@ def test_run_json_last_line(capsys, tmp_path):
     obj = json.loads(last)
     for key in ("scenario", "policy", "seed", "containers", "nodes", "satisfied_final", "satisfied_per_node",
                 "oracle_satisfied", "converged_round", "rounds", "sim_duration_s", "ceiling_met", "ceiling_in_band",
-                "oracle_noise_met", "oracle_noise_in_band", "oracle_noise_met_median", "oracle_noise_in_band_median"):
+                "oracle_noise_met", "oracle_noise_in_band", "oracle_noise_met_median", "oracle_noise_in_band_median",
+                "expected_met_final", "expected_in_band_final"):
         assert key in obj
+    assert obj["expected_in_band_final"] <= obj["ceiling_in_band"] + 1e-3
     assert isinstance(obj["satisfied_per_node"], dict)
     assert obj["oracle_noise_in_band"] <= obj["ceiling_in_band"] + 1e-6
     assert obj["oracle_noise_met"] <= obj["ceiling_met"] + 1e-6
@@ -105,6 +107,7 @@ def test_run_text_names_the_oracle_under_noise(capsys):
     assert main(["experiment", "run", "paper-varied", "--policy", "learned", "--seed", "1"]) == 0
     out = capsys.readouterr().out
     assert "oracle under this run's noise: met " in out and "in band expected" in out
+    assert "its final limits, as chances of each container's next batch: met " in out
 
 
 def test_compare_and_list_json(capsys):
