@@ -139,6 +139,11 @@ class ModelProfile:
         )
 
 
+def with_work(p: ModelProfile, factor: float) -> ModelProfile:
+    """`p` with its work per batch times `factor` (a curve that drifted); `p` itself at 1."""
+    return p if factor == 1.0 else dataclasses.replace(p, work_cpu_s=p.work_cpu_s * factor)
+
+
 def at_batch(p: ModelProfile, images: int, resolution_px: int) -> ModelProfile:
     """`p` for batches of `images` at `resolution_px`: its work per batch scaled linearly with the
     images and with the pixels of each (a CNN's FLOPs grow with both; docs/calibration.md, "Profiles

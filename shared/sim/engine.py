@@ -12,7 +12,6 @@ batches, and their difference is the policy's alone.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
 import random
@@ -31,11 +30,11 @@ from shared.core.measures import (
 )
 from shared.core.oracle import OracleItem, chances_at_rate, expected_plan, plan_node
 from shared.core.policy import Policy, PolicyContext
-from shared.core.profiles import ModelProfile
+from shared.core.profiles import ModelProfile, with_work
 from shared.core.types import Decision, is_met, is_satisfied, workload_of
 from shared.scenarios.placement import place
 from shared.scenarios.spec import Scenario
-from shared.sim.physics import SimNode, water_fill
+from shared.sim.physics import SimNode
 
 PLAN_SETTLE = ("rounds_max", "container_rounds_mean", "change_rounds_mean", "changes_settled_within_3")
 """The settling figures also read on the plans' limits, each as `plan_<name>` in a run's `settle`."""
@@ -56,9 +55,7 @@ def policy_context(scenario: Scenario, work_factor: Callable[[str], float] | Non
         c = specs.get(name)
         if c is None:
             return None
-        p = scenario.profile_of(c)
-        f = 1.0 if work_factor is None else work_factor(name)
-        return p if f == 1.0 else dataclasses.replace(p, work_cpu_s=p.work_cpu_s * f)
+        return with_work(scenario.profile_of(c), 1.0 if work_factor is None else work_factor(name))
 
     return PolicyContext(curve_of, scenario.noise_sigma)
 
@@ -487,10 +484,7 @@ def simulate(
                                *chances.get(cname, (0.0, 0.0)))
             )
             if objective is not None:
-                p = scenario.profile_of(spec)
-                if sc.work_factor != 1.0:
-                    p = dataclasses.replace(p, work_cpu_s=p.work_cpu_s * sc.work_factor)
-                items.append(OracleItem(cname, objective, alpha, p))
+                items.append(OracleItem(cname, objective, alpha, sc.current_profile))
         plan = plan_node(items, node.cores, scenario.controller.total_resource)
         oracle_per_node[name] = plan.count
         oracle_met += plan.met_count
@@ -553,15 +547,13 @@ def next_batch_chances(node: SimNode, objective_of: dict[str, float | None],
     limit, or its fair part of a node its limits overcommit), on its true curve (its work as it is
     now) under the noise the simulator draws: what a policy's last allocation is worth, without
     the luck of the few batches a plateau counts. Containers with no objective are left out."""
-    cs = list(node.containers.items())
-    limits = [None if c.limit is None else c.limit * node.cores for _, c in cs]
-    caps = [float(c.profile.threads_at(lim)) if lim is None else min(lim, float(c.profile.threads_at(lim)))
-            for (_, c), lim in zip(cs, limits, strict=True)]
+    cs = list(node.containers.values())
     out = {}
-    for (cname, c), lim, rate in zip(cs, limits, water_fill(caps, node.cores), strict=True):
-        objective = objective_of.get(cname)
+    for c, rate in zip(cs, node.cfs_rates(cs), strict=True):
+        objective = objective_of.get(c.name)
         if objective is None:
             continue
-        p = dataclasses.replace(c.profile, work_cpu_s=c.profile.work_cpu_s * c.work_factor)
-        out[cname] = chances_at_rate(p, lim, rate, objective, alpha_of[cname], c.noise_sigma)
+        limit_cores = None if c.limit is None else c.limit * node.cores
+        out[c.name] = chances_at_rate(c.current_profile, limit_cores, rate, objective, alpha_of[c.name],
+                                      c.noise_sigma)
     return out

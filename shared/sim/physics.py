@@ -29,7 +29,7 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from shared.core.profiles import ModelProfile
+from shared.core.profiles import ModelProfile, with_work
 
 _EPS = 1e-9
 
@@ -87,6 +87,11 @@ class SimContainer:
     """Lag-one correlation of the log noise from one batch to the next (0: independent batches)."""
     noise_z: float | None = None
     """The last batch's log noise in units of noise_sigma (with noise_rho > 0)."""
+
+    @property
+    def current_profile(self) -> ModelProfile:
+        """Its profile with its work per batch as it is now (its work factor applied)."""
+        return with_work(self.profile, self.work_factor)
 
     def start_batch(self, now_s: float) -> None:
         if self.noise_sigma > 0 and self.noise_rho > 0:
@@ -185,16 +190,21 @@ class SimNode:
     def _multiplier(self, c: SimContainer) -> float:
         return c.profile.cpu_multiplier(None if c.limit is None else c.limit * self.cores) * self.slow
 
-    def _rates(self) -> None:
-        active = [c for c in self.containers.values() if c.computing]
+    def cfs_rates(self, containers: Sequence[SimContainer]) -> list[float]:
+        """The cores CFS gives each of these containers while they all compute: each capped by its
+        threads and its limit, the node shared fairly among them."""
         caps = []
-        for c in active:
+        for c in containers:
             limit_cores = None if c.limit is None else c.limit * self.cores
             cap = float(c.profile.threads_at(limit_cores))
             if limit_cores is not None:
                 cap = min(cap, limit_cores)
             caps.append(cap)
-        for c, r in zip(active, water_fill(caps, self.cores), strict=True):
+        return water_fill(caps, self.cores)
+
+    def _rates(self) -> None:
+        active = [c for c in self.containers.values() if c.computing]
+        for c, r in zip(active, self.cfs_rates(active), strict=True):
             c.rate = r
         for c in self.containers.values():
             if not c.computing:
