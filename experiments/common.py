@@ -8,15 +8,35 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from shared.core import registry
 from shared.core.controller import finished_on_clock
+from shared.settings import parse_policy_entry
 
 
 class ExperimentError(Exception):
     """Bad input, or an experiment that cannot run here; one line (the CLI exits with status 2)."""
+
+
+def checked_entry(entry: str, usable: Sequence[str], refused: str, prefix: str = "") -> tuple[str, dict[str, float]]:
+    """`POLICY[:NAME=VALUE...]` as its policy and settings, or an ExperimentError (after `prefix`, the
+    option that named it) for an entry not so written, a policy not in `usable` (`refused` says why),
+    or a setting the policy does not have or refuses."""
+    try:
+        policy, settings = parse_policy_entry(entry)
+    except ValueError as e:
+        raise ExperimentError(f"{prefix}{e}") from None
+    if policy not in usable:
+        raise ExperimentError(f"{prefix}{policy!r} {refused} (choose from {', '.join(usable)})")
+    try:
+        registry.check_names(policy, settings)
+        registry.params_for(policy, settings)
+    except ValueError as e:
+        raise ExperimentError(f"{prefix}{entry}: {e}") from None
+    return policy, settings
 
 
 def record_stem(label: str) -> str:

@@ -20,12 +20,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from experiments.common import ExperimentError
+from experiments.common import ExperimentError, checked_entry
 from experiments.policies import Run
 from shared.core import registry
 from shared.core.profiles import ModelProfile
 from shared.scenarios.builtin import load
-from shared.settings import parse_policy_entry, policy_entry
+from shared.settings import policy_entry
 from shared.sim.engine import simulate
 
 FIGURES: tuple[tuple[str, str], ...] = (
@@ -55,17 +55,7 @@ class Entry:
 def parse_entry(text: str) -> Entry:
     """`POLICY[:NAME=VALUE...]` as an Entry; ExperimentError naming what is wrong (an unknown policy, a
     parameter the policy does not have, a value it refuses)."""
-    try:
-        name, settings = parse_policy_entry(text)
-    except ValueError as e:
-        raise ExperimentError(str(e)) from None
-    if name not in registry.names():
-        raise ExperimentError(f"{text!r}: unknown policy {name!r} (choose from {', '.join(registry.names())})")
-    try:
-        registry.check_names(name, settings)
-        registry.params_for(name, settings)
-    except ValueError as e:
-        raise ExperimentError(f"{text!r}: {e}") from None
+    name, settings = checked_entry(text, registry.names(), "is not a policy of inference scenarios")
     return Entry(name, settings)
 
 

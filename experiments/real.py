@@ -45,6 +45,7 @@ from experiments.common import (
     batch_finished_s,
     busy_cores_s,
     check_interrupted,
+    checked_entry,
     read_back_json,
     read_record,
     reading_back,
@@ -70,7 +71,7 @@ from shared.scenarios.spec import (
     scenario_to_dict,
 )
 from shared.schema import DecisionMsg, LatencyEvent, NodeState
-from shared.settings import parse_policy_entry, policy_entry
+from shared.settings import policy_entry
 from shared.sim.engine import simulate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -913,17 +914,7 @@ def policy_runs(text: str) -> dict[str, tuple[str, dict[str, float]]]:
     for entry in (e.strip() for e in text.split(",")):
         if not entry:
             continue
-        try:
-            policy, settings = parse_policy_entry(entry)
-        except ValueError as e:
-            raise ExperimentError(f"--policies: {e}") from None
-        if policy not in usable:
-            raise ExperimentError(f"--policies: {policy!r} cannot run on real workloads (choose from {', '.join(usable)})")
-        try:
-            registry.check_names(policy, settings)
-            registry.params_for(policy, settings)
-        except ValueError as e:
-            raise ExperimentError(f"--policies: {entry}: {e}") from None
+        policy, settings = checked_entry(entry, usable, "cannot run on real workloads", "--policies: ")
         label = policy_entry(policy, settings)
         if label in out:
             raise ExperimentError(f"--policies: {label} is named twice")

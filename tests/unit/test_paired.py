@@ -36,7 +36,7 @@ def test_an_entry_is_a_policy_and_the_settings_it_has():
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("nope", "unknown policy 'nope'"),
+    ("nope", "'nope' is not a policy of inference scenarios"),
     ("learned:no_such=1", "has no parameter no_such"),
     ("oracle:dead_band=0.1", "has no parameter dead_band"),
     ("learned:dead_band=-3", "dead_band must be"),
