@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dashboard.config import source_args
+from shared.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +30,6 @@ READY_TIMEOUT_S = 60.0
 
 class LaunchError(RuntimeError):
     """The dashboard did not start; the text says why (and where its log is)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def command(

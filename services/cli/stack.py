@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 
 from shared import auth
 from shared.natsd import NatsServer
+from shared.ports import free_port, port_taken
 from shared.scenarios.spec import Scenario, scenario_to_dict
 
 
@@ -62,13 +62,6 @@ HEALTHY_AFTER_S = 60.0
 """A service that ran this long before dying starts again from the first backoff."""
 MAX_LOG_BYTES = 20 * 1024 * 1024
 """A log file over this size is rotated (one previous generation kept)."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class Stack:
@@ -186,15 +179,35 @@ class Stack:
             elif now >= due:
                 del self._restart_at[name]
                 args, identity = self._argv[name]
+                moved = self._fresh_metrics_port(args)
                 self._spawn(name, args, identity)
                 self.restarts[name] = self.restarts.get(name, 0) + 1
-                lines.append(f"{name} restarted (pid {self.procs[name].pid}, restart {self.restarts[name]})")
+                lines.append(f"{name} restarted (pid {self.procs[name].pid}, restart {self.restarts[name]})"
+                             + (f"; its metrics port {moved[0]} was taken, it serves them on {moved[1]}"
+                                if moved else ""))
         self.rotate_logs()
         if lines:
             with (self.run_dir / "supervisor.log").open("a") as f:
                 for line in lines:
                     f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
         return lines
+
+    def _fresh_metrics_port(self, args: list[str]) -> tuple[int, int] | None:
+        """Before a restart: a `--metrics-port` in `args` that something else now holds is replaced (in
+        place, and in `metrics_urls`) by a free one, since a service that cannot listen exits; returns
+        (old, new) when it did."""
+        if "--metrics-port" not in args:
+            return None
+        i = args.index("--metrics-port") + 1
+        old = int(args[i])
+        if not port_taken(old):
+            return None
+        new = free_port()
+        args[i] = str(new)
+        for proc, url in self.metrics_urls.items():
+            if url == f"http://127.0.0.1:{old}/metrics":
+                self.metrics_urls[proc] = f"http://127.0.0.1:{new}/metrics"
+        return old, new
 
     def rotate_logs(self, max_bytes: int = MAX_LOG_BYTES) -> list[Path]:
         """Copy each log over `max_bytes` to NAME.log.1 and empty it; returns those rotated."""

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard.launch import free_port
+from shared.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = REPO / "tests" / "e2e" / "small-cluster.json"

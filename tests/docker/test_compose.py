@@ -17,7 +17,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import pytest
 
 from shared import auth, subjects
 from shared.bus import Bus
+from shared.ports import free_port
 from shared.schema import NodeState
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,12 +89,6 @@ def images_or_skip() -> None:
     missing = [i for i in IMAGES if run(["docker", "image", "inspect", i]).returncode != 0]
     if missing:
         need(f"image(s) {', '.join(missing)} missing; build them with `make images`")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def dqoes(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import pytest
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
 from shared.bus import Bus, BusError
+from shared.ports import free_port
 from shared.public import parse_target_reply
 from shared.scenarios.spec import parse_scenario
 from shared.schema import ControlMsg, ControlReply, NodeState, decode_as
@@ -203,6 +205,45 @@ def test_backoff_grows_for_a_service_that_keeps_dying(tmp_path):
         assert (tmp_path / "run" / "supervisor.log").read_text().count("restarted") == 4
     finally:
         stack.stop()
+
+
+# Listens on the port after --metrics-port, or exits with status 2 as a service does when it cannot.
+LISTENER = """
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+try:
+    s.bind(("127.0.0.1", int(sys.argv[sys.argv.index("--metrics-port") + 1])))
+except OSError:
+    sys.exit(2)
+s.listen()
+time.sleep(60)
+"""
+
+
+def test_a_service_whose_metrics_port_is_taken_comes_back_on_another(tmp_path):
+    # Something else took the port after it was handed out (29 Nov: another worker): the service cannot
+    # listen and exits; restarted on the same port it would exit again at every restart.
+    stack = Stack(StackSpec(parse_scenario(json.loads(json.dumps(SCENARIO))), metrics=True), run_dir=tmp_path / "run")
+    port = free_port()
+    stack.metrics_urls["flaky"] = f"http://127.0.0.1:{port}/metrics"
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", port))
+        holder.listen()
+        try:
+            stack._spawn("flaky", ["-c", LISTENER, "--metrics-port", str(port)], "client")
+            assert stack.procs["flaky"].wait(10) == 2
+            now = time.monotonic()
+            stack.supervise(now)
+            (line,) = stack.supervise(now + 1.0)
+            assert "flaky restarted" in line and f"its metrics port {port} was taken" in line
+            new = int(line.rsplit(" ", 1)[1])
+            assert new != port and stack.metrics_urls["flaky"] == f"http://127.0.0.1:{new}/metrics"
+            time.sleep(1.0)
+            assert stack.procs["flaky"].poll() is None  # listening on the new port
+            assert stack.supervise(now + 2.0) == []
+        finally:
+            stack.stop()
 
 
 def test_big_logs_are_rotated(tmp_path):
