@@ -302,8 +302,21 @@ def _kill_all_in(group: cgroupfs.Group) -> None:
     for pid in left:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            os.waitpid(pid, os.WNOHANG)
+        _reap(pid)
+
+
+def _reap(pid: int, timeout_s: float = 2.0) -> None:
+    """Wait for a child of ours just killed, so that no zombie of it outlives the run (a poll at once
+    after the kill finds it still running, every time); another process's child is not ours to wait for."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except OSError:  # not our child (or already reaped)
+            return
+        if done == pid or time.monotonic() > deadline:
+            return
+        time.sleep(0.005)
 
 
 class _Run:

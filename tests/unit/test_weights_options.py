@@ -145,3 +145,28 @@ def test_a_sigterm_whose_interrupt_was_lost_still_ends_the_wait():
         assert time.monotonic() - t0 < 1.0
     assert not INTERRUPTED.is_set()  # the next run starts clean
     assert threading.current_thread() is threading.main_thread()
+
+
+def test_a_child_killed_in_cleanup_is_reaped_not_left_a_zombie(monkeypatch):
+    # A busy loop forked just as the run was interrupted has no Popen to wait on: the cleanup kills
+    # what its group holds. Polled once at once after the kill, such a child was still there (a zombie
+    # until the run exited, 20 times of 20); the interrupted-run test saw one in /proc (29 Nov).
+    import os
+    from pathlib import Path
+
+    from experiments import weights
+    from shared.runtime import cgroupfs
+
+    pids = [os.posix_spawn("/bin/sleep", ["sleep", "60"], dict(os.environ)) for _ in range(5)]
+    try:
+        for pid in pids:
+            monkeypatch.setattr(cgroupfs, "pids", lambda group, pid=pid: [pid])
+            weights._kill_all_in(None)  # type: ignore[arg-type]
+            assert not Path(f"/proc/{pid}").exists()
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+            except OSError:
+                pass
