@@ -64,6 +64,11 @@ MAX_LOG_BYTES = 20 * 1024 * 1024
 """A log file over this size is rotated (one previous generation kept)."""
 
 
+def _metrics_url(port: int) -> str:
+    """Where a service started with `--metrics-port PORT --metrics-addr 127.0.0.1` serves its metrics."""
+    return f"http://127.0.0.1:{port}/metrics"
+
+
 class Stack:
     """Start with `start()`, stop with `stop()` (or use as a context manager)."""
 
@@ -205,8 +210,8 @@ class Stack:
         new = free_port()
         args[i] = str(new)
         for proc, url in self.metrics_urls.items():
-            if url == f"http://127.0.0.1:{old}/metrics":
-                self.metrics_urls[proc] = f"http://127.0.0.1:{new}/metrics"
+            if url == _metrics_url(old):
+                self.metrics_urls[proc] = _metrics_url(new)
         return old, new
 
     def rotate_logs(self, max_bytes: int = MAX_LOG_BYTES) -> list[Path]:
@@ -250,7 +255,7 @@ class Stack:
         if not self.spec.metrics:
             return []
         port = free_port()
-        self.metrics_urls[proc] = f"http://127.0.0.1:{port}/metrics"
+        self.metrics_urls[proc] = _metrics_url(port)
         return ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1"]
 
     def start_manager(self) -> None:
