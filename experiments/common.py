@@ -1,19 +1,23 @@
-"""What every experiment shares: its error type, SIGTERM as an interrupt, and the generated sections
-of docs/."""
+"""What every experiment shares: its error type, SIGTERM as an interrupt, the generated sections
+of docs/, and the private bus a live run talks over."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import shutil
 import signal
+import tempfile
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from shared import auth
 from shared.core import registry
 from shared.core.controller import finished_on_clock
+from shared.natsd import NatsServer
 from shared.settings import parse_policy_entry
 
 
@@ -161,3 +165,37 @@ def check_interrupted() -> None:
     """Raise the interrupt a SIGTERM asked for, if it was lost on the way."""
     if INTERRUPTED.is_set():
         raise KeyboardInterrupt
+
+
+class PrivateNats:
+    """The private nats-server (JetStream on) one live run talks over, with the project's
+    authentication and per-role permissions, as every deployment has them (shared/auth.py).
+
+    Why its own directory: a run's records (`--out`) are meant to be kept and shared, and a run's
+    credentials and server state are not records. They live in a private temporary directory
+    (mode 0700), removed by `close()`; only the server's log goes where the caller says."""
+
+    def __init__(self, nodes: Sequence[str], log_path: Path) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="dqoes-run-"))
+        self.auth_dir = self.dir / "auth"
+        auth.ensure(self.auth_dir, list(nodes))
+        self.server = NatsServer(jetstream=True, store_dir=str(self.dir / "jetstream"), log_path=str(log_path),
+                                 config_file=auth.config_path(self.auth_dir))
+
+    def start(self) -> str:
+        """Start the server; returns its URL (without credentials)."""
+        self.server.start()
+        return self.server.url
+
+    def creds(self, identity: str) -> Path:
+        """The credentials file of `identity` (`manager`, `client`, `worker-<node>`, ...)."""
+        return auth.creds_path(self.auth_dir, identity)
+
+    def url_as(self, identity: str) -> str:
+        """The server's URL with `identity`'s user and password, for a client in this process."""
+        return auth.with_credentials(self.server.url, auth.load(self.creds(identity)))
+
+    def close(self) -> None:
+        """Stop the server and remove its credentials and store."""
+        self.server.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -42,6 +42,7 @@ import pandas as pd
 
 from experiments.common import (
     ExperimentError,
+    PrivateNats,
     batch_finished_s,
     busy_cores_s,
     check_interrupted,
@@ -60,7 +61,6 @@ from shared.core.oracle import OracleItem, expected_plan, plan_node
 from shared.core.policy import BaseParams
 from shared.core.profiles import BUILTIN_PROFILES, ModelProfile, at_batch
 from shared.core.types import Cls, classify, is_met, is_satisfied
-from shared.natsd import NatsServer
 from shared.runtime import cgroupfs
 from shared.scenarios.spec import (
     ContainerSpec,
@@ -176,7 +176,7 @@ class RealRun:
         self.run_dir = run_dir
         self.runtime = runtime
         self.node = prefix
-        self.nats: NatsServer | None = None
+        self.nats: PrivateNats | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.started: list[str] = []
         self.states: list[dict[str, Any]] = []
@@ -190,15 +190,9 @@ class RealRun:
     def name(self, c: ContainerSpec) -> str:
         return f"{self.prefix}-{c.name}" if self.runtime == "docker" else c.name
 
-    @property
-    def auth_dir(self) -> Path:
-        return self.run_dir / "auth"
-
-    def creds(self, identity: str) -> Path:
-        return auth.creds_path(self.auth_dir, identity)
-
     def _spawn(self, what: str, args: list[str], identity: str) -> None:
-        args = [*args, "--creds", str(self.creds(identity))]
+        assert self.nats is not None
+        args = [*args, "--creds", str(self.nats.creds(identity))]
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with (self.run_dir / f"{what}.log").open("ab") as log:
@@ -217,13 +211,9 @@ class RealRun:
 
     def start(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        # The project's default: authentication and per-role permissions (shared/auth.py).
-        auth.ensure(self.auth_dir, [self.node])
-        self.nats = NatsServer(jetstream=True, store_dir=str(self.run_dir / "jetstream"),
-                               log_path=str(self.run_dir / "nats-server.out"),
-                               config_file=auth.config_path(self.auth_dir))
-        self.nats.start()
-        url = self.nats.url
+        # Authentication and per-role permissions, the credentials outside the records (common.py).
+        self.nats = PrivateNats([self.node], self.run_dir / "nats-server.out")
+        url = self.nats.start()
         self._spawn("manager", ["-m", "services.manager", "--nats", url, "--cluster-interval", "1"], "manager")
         common = self.worker_args(url)
         if self.runtime == "cgroup":
@@ -240,7 +230,7 @@ class RealRun:
             return
         self._spawn("worker", [*common, "--runtime", "docker", "--require-node-label"],
                     auth.identity_name("worker", self.node))
-        inference_creds = self.creds(auth.identity_name("inference", self.node)).resolve()  # docker -v needs absolute
+        inference_creds = self.nats.creds(auth.identity_name("inference", self.node)).resolve()  # docker -v: absolute
         time.sleep(1.0)
         for c in self.specs:
             _docker(*self.docker_run_args(c, url, inference_creds))
@@ -283,7 +273,7 @@ class RealRun:
 
     async def observe(self, duration_s: float, every_s: float, progress: Callable[[str], None]) -> None:
         assert self.nats is not None
-        bus = await Bus.connect(auth.with_credentials(self.nats.url, auth.load(self.creds("client"))),
+        bus = await Bus.connect(self.nats.url_as("client"),
                                 "dqoes-experiment-real", connect_timeout_s=5.0)
 
         def on_state(ns: NodeState, _: Any) -> None:
@@ -369,7 +359,7 @@ class RealRun:
             _docker("rm", "-f", *self.started, check=False, timeout=120)
             self.started = []
         if self.nats is not None:
-            self.nats.stop()
+            self.nats.close()
             self.nats = None
 
 

@@ -32,14 +32,14 @@ import orjson
 
 from experiments.common import (
     ExperimentError,
+    PrivateNats,
     busy_cores_s,
     read_back_json,
     reading_back,
     update_section,
 )
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus
-from shared.natsd import NatsServer
 from shared.schema import JobDone, NodeState, Progress, TrainingState
 
 REPO = Path(__file__).resolve().parents[1]
@@ -89,10 +89,12 @@ class Stack:
 
     def __init__(self, policy: str, cores: float, interval_s: float, run_dir: Path) -> None:
         self.policy, self.cores, self.interval_s, self.run_dir = policy, cores, interval_s, run_dir
-        self.nats: NatsServer | None = None
+        self.nats: PrivateNats | None = None
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def _spawn(self, what: str, args: list[str]) -> None:
+    def _spawn(self, what: str, args: list[str], identity: str) -> None:
+        assert self.nats is not None
+        args = [*args, "--creds", str(self.nats.creds(identity))]
         env = {**os.environ, "PYTHONUNBUFFERED": "1",
                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with (self.run_dir / f"{what}.log").open("ab") as log:
@@ -100,16 +102,18 @@ class Stack:
                                                 env=env, start_new_session=True, cwd=REPO)
 
     def start(self) -> str:
+        """Start the server, the manager and the worker; returns the URL the experiment connects with
+        (as the `client` role: it submits jobs and reads states)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.nats = NatsServer(jetstream=True, store_dir=str(self.run_dir / "jetstream"),
-                               log_path=str(self.run_dir / "nats-server.out"))
-        self.nats.start()
-        url = self.nats.url
-        self._spawn("manager", ["-m", "services.manager", "--nats", url, "--placement", self.policy])
+        # Authentication and per-role permissions, as every deployment has them (common.py).
+        self.nats = PrivateNats([NODE], self.run_dir / "nats-server.out")
+        url = self.nats.start()
+        self._spawn("manager", ["-m", "services.manager", "--nats", url, "--placement", self.policy], "manager")
         self._spawn("worker", ["-m", "services.worker", "--nats", url, "--node", NODE, "--runtime", "cgroup",
                                "--cores", f"{self.cores:g}", "--training-policy", self.policy,
-                               "--interval", f"{self.interval_s:g}", "--state-interval", "1"])
-        return url
+                               "--interval", f"{self.interval_s:g}", "--state-interval", "1"],
+                    auth.identity_name("worker", NODE))
+        return self.nats.url_as("client")
 
     def stop(self) -> None:
         for what in ("worker", "manager"):

@@ -386,3 +386,31 @@ def test_dqoes_up_writes_credentials_outside_the_repository(tmp_path):
         "admin.creds", "manager.creds", "client.creds", "worker-n1.creds", "inference-n1.creds",
         auth.CONFIG_NAME}
     assert Path(auth.__file__).resolve().parents[1] not in s.auth_dir.resolve().parents
+
+
+async def test_an_experiments_private_bus_is_secured_and_leaves_nothing_behind(tmp_path):
+    from experiments.common import PrivateNats
+
+    nats = PrivateNats(["n1"], tmp_path / "nats-server.out")
+    private = nats.dir
+    try:
+        url = nats.start()
+        with pytest.raises(BusError, match="[Aa]uthorization"):
+            await Bus.connect(url, "anonymous", connect_timeout_s=2.0)
+        bus = await Bus.connect(nats.url_as("client"), "client", connect_timeout_s=2.0)
+        try:  # the client role, not more: node states are the worker's to publish
+            await bus.publish_raw(subjects.state("n1"), b"{}")
+            await bus.flush()
+            for _ in range(40):
+                if bus.permission_violations:
+                    break
+                await asyncio.sleep(0.05)
+            assert any("publish" in v for v in bus.permission_violations)
+        finally:
+            await bus.close()
+        assert nats.creds(auth.identity_name("worker", "n1")).is_file()
+        assert not list(tmp_path.glob("*.creds")) and not (tmp_path / "auth").exists()
+    finally:
+        nats.close()
+    assert not private.exists()
+    assert (tmp_path / "nats-server.out").is_file()

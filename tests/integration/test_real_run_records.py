@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -23,6 +25,7 @@ pytestmark = [pytest.mark.timeout(240),
 def test_a_short_real_run_records_decisions_and_batches(tmp_path):
     # Run with a setting, as `--policies learned:half_life_s=0` asks: the worker must run with it.
     label = "learned:half_life_s=0"
+    private_before = set(Path(tempfile.gettempdir()).glob("dqoes-run-*"))
     res = run(RealOptions(containers=2, duration_s=30.0, policies=label, runtime="cgroup", out=str(tmp_path)))
     rows = [json.loads(line) for line in (tmp_path / "learned+half_life_s=0.jsonl").read_text().splitlines()]
     assert (tmp_path / "learned+half_life_s=0").is_dir()  # no colon: a docker -v source may not have one
@@ -42,3 +45,10 @@ def test_a_short_real_run_records_decisions_and_batches(tmp_path):
     assert all(b.get("follows_limit") is True for b in batches)
     assert res.summary["real"][label]["met_final"] >= 0
     assert res.summary["real"][label]["settings"] == {"half_life_s": 0.0}
+    # Records are kept and shared: the run's credentials and server store are not in them, and are
+    # gone once it ends.
+    kept = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")]
+    assert not [p for p in kept if p.endswith(".creds") or "/auth" in p or "jetstream" in p], kept
+    assert set(Path(tempfile.gettempdir()).glob("dqoes-run-*")) <= private_before
+    # The bus asked for credentials: the worker connected as its own role.
+    assert "connected to NATS at nats://worker-" in (tmp_path / "learned+half_life_s=0" / "worker.log").read_text()

@@ -1,4 +1,5 @@
-"""`dqoes experiment real --runtime cgroup`, stopped by SIGTERM mid-run: nothing it started is left.
+"""`dqoes experiment real --runtime cgroup`, stopped by SIGTERM mid-run: nothing it started is left
+(processes, or its private bus's credentials).
 
 A SIGTERM (a supervisor, `kill`, a CI timeout) cleans up as Ctrl-C does. Before, the default action
 killed the command alone and left its NATS server, manager, worker and inference processes running.
@@ -11,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -44,6 +46,7 @@ def _alive(pid: int) -> bool:
 
 def test_a_sigterm_mid_run_stops_every_process_it_started(tmp_path, cgroup_root):
     e = {**os.environ, "PYTHONPATH": str(REPO), "DQOES_STATE_DIR": str(tmp_path / "state")}
+    private_before = set(Path(tempfile.gettempdir()).glob("dqoes-run-*"))
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli", "experiment", "real", "--runtime", "cgroup", "--containers", "2",
          "--cores", "1", "--duration-s", "120", "--policies", "default", "--batch-size", "2",
@@ -68,3 +71,5 @@ def test_a_sigterm_mid_run_stops_every_process_it_started(tmp_path, cgroup_root)
     while (left := [p for p in tree if _alive(p)]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, [Path(f"/proc/{p}/cmdline").read_bytes()[:200] for p in left if _alive(p)]
+    # Nor its private bus's credentials and store.
+    assert set(Path(tempfile.gettempdir()).glob("dqoes-run-*")) <= private_before
