@@ -20,12 +20,13 @@ import asyncio
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from bench.common import cpu_seconds, median, pct, report
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus
 from shared.natsd import NatsServer
 from shared.runtime import cgroupfs
@@ -88,15 +89,25 @@ async def limit_to_cgroup(client, name: str, node: str, samples: int) -> list[fl
     return out
 
 
-async def worker_rounds(url: str, names: list[str], node: str, span_s: float) -> tuple[float, int, int, float]:
-    """(worker CPU seconds, rounds, limit changes, span) over `span_s` with events every second."""
+async def worker_rounds(url: str, auth_dir: Path, names: list[str], node: str,
+                        span_s: float) -> tuple[float, int, int, float]:
+    """(worker CPU seconds, rounds, limit changes, span) over `span_s` with events every second.
+
+    On an authenticated bus, as deployed: the worker with its node's credentials, the events sent
+    as the node's inference role, the decisions read as a client."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     p = subprocess.Popen([sys.executable, "-m", "services.worker", "--nats", url, "--node", node,
+                          "--creds", str(auth.creds_path(auth_dir, auth.identity_name("worker", node))),
                           "--runtime", "docker", "--cores", "2", "--interval", "1", "--log-level", "warning"],
                          env=env)
-    bus = await Bus.connect(url, "bench")
+
+    def url_as(identity: str) -> str:
+        return auth.with_credentials(url, auth.load(auth.creds_path(auth_dir, identity)))
+
+    bus = await Bus.connect(url_as(auth.identity_name("inference", node)), "bench")
+    reader = await Bus.connect(url_as("client"), "bench-reader")
     decisions: list[DecisionMsg] = []
-    await bus.subscribe(subjects.decisions(node), lambda m, _: decisions.append(m), expect=DecisionMsg)
+    await reader.subscribe(subjects.decisions(node), lambda m, _: decisions.append(m), expect=DecisionMsg)
     batch = 0
 
     async def publish_all() -> None:
@@ -126,6 +137,7 @@ async def worker_rounds(url: str, names: list[str], node: str, span_s: float) ->
         return cpu, rounds, changes, span
     finally:
         await bus.close()
+        await reader.close()
         p.terminate()
         p.wait(20)
 
@@ -145,8 +157,11 @@ def run() -> dict:
             "set_limit -> quota visible in the cgroup, median (100 samples)", median(xs) * 1e3, "ms", goal=50.0)
         res["decision_to_cgroup_p95_ms"] = report("set_limit -> quota visible in the cgroup, p95",
                                                   pct(xs, 0.95) * 1e3, "ms")
-        with NatsServer() as srv:
-            cpu, rounds, changes, span = asyncio.run(worker_rounds(srv.url, names, node, 40.0))
+        with tempfile.TemporaryDirectory() as tmp:
+            auth_dir = Path(tmp) / "auth"
+            auth.ensure(auth_dir, [node])
+            with NatsServer(store_dir=Path(tmp) / "store", config_file=auth.config_path(auth_dir)) as srv:
+                cpu, rounds, changes, span = asyncio.run(worker_rounds(srv.url, auth_dir, names, node, 40.0))
         res["rounds"] = report("worker rounds with 50 real containers (40 s, 1 s interval)", rounds, "rounds")
         res["limit_changes_per_round"] = report("limit changes per round (docker update calls)",
                                                 changes / max(1, rounds), "")
