@@ -178,7 +178,11 @@ class PrivateNats:
     def __init__(self, nodes: Sequence[str], log_path: Path) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="dqoes-run-"))
         self.auth_dir = self.dir / "auth"
-        auth.ensure(self.auth_dir, list(nodes))
+        try:
+            auth.ensure(self.auth_dir, list(nodes))
+        except BaseException:
+            shutil.rmtree(self.dir, ignore_errors=True)
+            raise
         self.server = NatsServer(jetstream=True, store_dir=str(self.dir / "jetstream"), log_path=str(log_path),
                                  config_file=auth.config_path(self.auth_dir))
 

@@ -134,13 +134,16 @@ class Stack:
 async def run_policy(policy: str, jobs: list[tuple[str, float, int]], opts: TrainingRealOptions, cores: float,
                      run_dir: Path, log: Callable[[str], None]) -> dict[str, Any]:
     stack = Stack(policy, cores, opts.interval_s, run_dir / policy)
-    url = stack.start()
     rows: list[dict[str, Any]] = []
     done: dict[str, float] = {}
     submitted: dict[str, float] = {}
     placed: dict[str, str] = {}
     alive = asyncio.Event()
-    bus = await Bus.connect(url, "dqoes-experiment-training", connect_timeout_s=5.0)
+    try:
+        bus = await Bus.connect(stack.start(), "dqoes-experiment-training", connect_timeout_s=5.0)
+    except BaseException:  # nothing it started is left running, nor its credentials
+        stack.stop()
+        raise
     t0 = time.time()
     busy0 = busy_cores_s()
     try:
