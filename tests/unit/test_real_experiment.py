@@ -302,10 +302,12 @@ def test_the_oracle_again_with_the_work_per_batch_each_run_measured(tmp_path, ca
 def test_a_sigterm_dropped_while_a_process_starts_still_stops_the_run(tmp_path):
     """A SIGTERM's KeyboardInterrupt raised in a fork's hooks is printed and dropped; the flag it set
     stops the run right after the start, with the process recorded so that `stop` ends it."""
-    from experiments.common import INTERRUPTED
+    from experiments.common import INTERRUPTED, PrivateNats
 
     run = realexp.RealRun("n1", "default", [], cores=1.0, image="", batch=1, resolution_px=32,
                           run_dir=tmp_path, runtime="cgroup")
+    run.nats = PrivateNats(["n1"], tmp_path / "nats-server.out")  # its credentials; no server needed here
+    private = run.nats.dir
     INTERRUPTED.set()
     try:
         with pytest.raises(KeyboardInterrupt):
@@ -316,6 +318,7 @@ def test_a_sigterm_dropped_while_a_process_starts_still_stops_the_run(tmp_path):
     assert proc.poll() is None
     run.stop()
     assert proc.poll() is not None and "manager" not in run.procs
+    assert not private.exists()
 
 
 def test_profiles_are_scaled_to_the_batches_the_containers_run(tmp_path, capsys):
