@@ -20,15 +20,14 @@ import asyncio
 import os
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
 
 from bench.common import cpu_seconds, median, pct, report
+from experiments.common import PrivateNats
 from shared import auth, subjects
 from shared.bus import Bus
-from shared.natsd import NatsServer
 from shared.runtime import cgroupfs
 from shared.runtime.docker import DockerRuntime
 from shared.schema import DecisionMsg, LatencyEvent
@@ -89,23 +88,19 @@ async def limit_to_cgroup(client, name: str, node: str, samples: int) -> list[fl
     return out
 
 
-async def worker_rounds(url: str, auth_dir: Path, names: list[str], node: str,
+async def worker_rounds(nats: PrivateNats, names: list[str], node: str,
                         span_s: float) -> tuple[float, int, int, float]:
     """(worker CPU seconds, rounds, limit changes, span) over `span_s` with events every second.
 
     On an authenticated bus, as deployed: the worker with its node's credentials, the events sent
     as the node's inference role, the decisions read as a client."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.Popen([sys.executable, "-m", "services.worker", "--nats", url, "--node", node,
-                          "--creds", str(auth.creds_path(auth_dir, auth.identity_name("worker", node))),
+    p = subprocess.Popen([sys.executable, "-m", "services.worker", "--nats", nats.server.url, "--node", node,
+                          "--creds", str(nats.creds(auth.identity_name("worker", node))),
                           "--runtime", "docker", "--cores", "2", "--interval", "1", "--log-level", "warning"],
                          env=env)
-
-    def url_as(identity: str) -> str:
-        return auth.with_credentials(url, auth.load(auth.creds_path(auth_dir, identity)))
-
-    bus = await Bus.connect(url_as(auth.identity_name("inference", node)), "bench")
-    reader = await Bus.connect(url_as("client"), "bench-reader")
+    bus = await Bus.connect(nats.url_as(auth.identity_name("inference", node)), "bench")
+    reader = await Bus.connect(nats.url_as("client"), "bench-reader")
     decisions: list[DecisionMsg] = []
     await reader.subscribe(subjects.decisions(node), lambda m, _: decisions.append(m), expect=DecisionMsg)
     batch = 0
@@ -157,11 +152,12 @@ def run() -> dict:
             "set_limit -> quota visible in the cgroup, median (100 samples)", median(xs) * 1e3, "ms", goal=50.0)
         res["decision_to_cgroup_p95_ms"] = report("set_limit -> quota visible in the cgroup, p95",
                                                   pct(xs, 0.95) * 1e3, "ms")
-        with tempfile.TemporaryDirectory() as tmp:
-            auth_dir = Path(tmp) / "auth"
-            auth.ensure(auth_dir, [node])
-            with NatsServer(store_dir=Path(tmp) / "store", config_file=auth.config_path(auth_dir)) as srv:
-                cpu, rounds, changes, span = asyncio.run(worker_rounds(srv.url, auth_dir, names, node, 40.0))
+        nats = PrivateNats([node])
+        try:
+            nats.start()
+            cpu, rounds, changes, span = asyncio.run(worker_rounds(nats, names, node, 40.0))
+        finally:
+            nats.close()
         res["rounds"] = report("worker rounds with 50 real containers (40 s, 1 s interval)", rounds, "rounds")
         res["limit_changes_per_round"] = report("limit changes per round (docker update calls)",
                                                 changes / max(1, rounds), "")

@@ -173,10 +173,12 @@ class PrivateNats:
 
     Why its own directory: a run's records (`--out`) are meant to be kept and shared, and a run's
     credentials and server state are not records. They live in a private temporary directory
-    (mode 0700), removed by `close()`; only the server's log goes where the caller says."""
+    (mode 0700), removed by `close()`; only the server's log goes where the caller says (`log_path`;
+    None: with the rest, removed too)."""
 
-    def __init__(self, nodes: Sequence[str], log_path: Path) -> None:
+    def __init__(self, nodes: Sequence[str], log_path: Path | None = None) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="dqoes-run-"))
+        log_path = log_path if log_path is not None else self.dir / "nats-server.log"
         self.auth_dir = self.dir / "auth"
         try:
             auth.ensure(self.auth_dir, list(nodes))
