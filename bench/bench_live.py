@@ -4,7 +4,7 @@ Goals (issues "The live system" and 11): a worker ingests >= 50,000 latency
 events a second over real NATS with none lost; time from a latency event to
 the published decision (median, p99); worker CPU < 1% of one core at 100
 containers in steady state. The server runs the project's default
-configuration (authentication and permissions, shared/auth.py): the worker
+configuration (authentication and permissions, shared/auth.py; experiments.common.PrivateNats): the worker
 connects as worker-n1, the publishers as the node's inference identity.
 """
 
@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from bench.common import cpu_seconds, median, pct, report
+from experiments.common import PrivateNats
 from services.worker.app import WorkerConfig, build, serve
-from shared import auth, schema, subjects
+from shared import schema, subjects
 from shared.bus import Bus
-from shared.natsd import NatsServer
 from shared.schema import ControlMsg, DecisionMsg, LatencyEvent
 
 CONTROL_RTT: list[float] = []
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PUBLISHER = r"""
 import asyncio, sys, time
 from shared.bus import Bus
-from shared import auth, schema, subjects
+from shared import schema, subjects
 from shared.schema import LatencyEvent
 
 async def main(url, n, containers):
@@ -177,17 +177,16 @@ def worker_cpu(url: str, creds: Path, d: Path, warm_s: float, span_s: float) -> 
 def run() -> dict:
     res = {}
     with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        auth_dir = d / "auth"
-        auth.ensure(auth_dir, ["n1"])
-        with NatsServer(store_dir=d / "store", config_file=auth.config_path(auth_dir)) as srv:
-            urls = {i: auth.with_credentials(srv.url, auth.load(auth.creds_path(auth_dir, i)))
-                    for i in ("worker-n1", "inference-n1", "client", "admin")}
-            _run(res, srv, urls, auth_dir, d)
+        nats = PrivateNats(["n1"])
+        try:
+            nats.start()
+            _run(res, nats, {i: nats.url_as(i) for i in ("worker-n1", "inference-n1", "client", "admin")}, Path(tmp))
+        finally:
+            nats.close()
     return res
 
 
-def _run(res: dict, srv: NatsServer, urls: dict[str, str], auth_dir: Path, d: Path) -> None:
+def _run(res: dict, nats: PrivateNats, urls: dict[str, str], d: Path) -> None:
     n = int(os.environ.get("DQOES_BENCH_INGEST_EVENTS", "200000"))
     rate, lost = asyncio.run(ingest(urls, d, n))
     res["ingest_events_per_s"] = report(f"latency events ingested by one worker ({n:,} sent, real NATS)", rate,
@@ -201,6 +200,6 @@ def _run(res: dict, srv: NatsServer, urls: dict[str, str], auth_dir: Path, d: Pa
     res["event_to_decision_median_ms"] = report("latency event -> published decision, median (60 samples)",
                                                 median(xs) * 1e3, "ms")
     res["event_to_decision_p99_ms"] = report("latency event -> published decision, p99", pct(xs, 0.99) * 1e3, "ms")
-    share = worker_cpu(srv.url, auth.creds_path(auth_dir, "worker-n1"), d, warm_s=20.0, span_s=60.0)
+    share = worker_cpu(nats.server.url, nats.creds("worker-n1"), d, warm_s=20.0, span_s=60.0)
     res["worker_cpu_100_containers"] = report("worker CPU, 100 containers, steady state (60 s)", share * 100,
                                               "% of a core", goal=1.0)
