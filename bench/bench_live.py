@@ -4,7 +4,8 @@ Goals (issues "The live system" and 11): a worker ingests >= 50,000 latency
 events a second over real NATS with none lost; time from a latency event to
 the published decision (median, p99); worker CPU < 1% of one core at 100
 containers in steady state. The server runs the project's default
-configuration (authentication and permissions, shared/auth.py; experiments.common.PrivateNats): the worker
+configuration (authentication and permissions, shared/auth.py), as an
+experiment's private bus does (experiments.common.PrivateNats): the worker
 connects as worker-n1, the publishers as the node's inference identity.
 """
 
