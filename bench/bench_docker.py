@@ -152,12 +152,8 @@ def run() -> dict:
             "set_limit -> quota visible in the cgroup, median (100 samples)", median(xs) * 1e3, "ms", goal=50.0)
         res["decision_to_cgroup_p95_ms"] = report("set_limit -> quota visible in the cgroup, p95",
                                                   pct(xs, 0.95) * 1e3, "ms")
-        nats = PrivateNats([node])
-        try:
-            nats.start()
+        with PrivateNats([node]) as nats:
             cpu, rounds, changes, span = asyncio.run(worker_rounds(nats, names, node, 40.0))
-        finally:
-            nats.close()
         res["rounds"] = report("worker rounds with 50 real containers (40 s, 1 s interval)", rounds, "rounds")
         res["limit_changes_per_round"] = report("limit changes per round (docker update calls)",
                                                 changes / max(1, rounds), "")

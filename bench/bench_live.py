@@ -177,17 +177,13 @@ def worker_cpu(url: str, creds: Path, d: Path, warm_s: float, span_s: float) -> 
 
 def run() -> dict:
     res = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        nats = PrivateNats(["n1"])
-        try:
-            nats.start()
-            _run(res, nats, {i: nats.url_as(i) for i in ("worker-n1", "inference-n1", "client", "admin")}, Path(tmp))
-        finally:
-            nats.close()
+    with tempfile.TemporaryDirectory() as tmp, PrivateNats(["n1"]) as nats:
+        _run(res, nats, Path(tmp))
     return res
 
 
-def _run(res: dict, nats: PrivateNats, urls: dict[str, str], d: Path) -> None:
+def _run(res: dict, nats: PrivateNats, d: Path) -> None:
+    urls = {i: nats.url_as(i) for i in ("worker-n1", "inference-n1", "client", "admin")}
     n = int(os.environ.get("DQOES_BENCH_INGEST_EVENTS", "200000"))
     rate, lost = asyncio.run(ingest(urls, d, n))
     res["ingest_events_per_s"] = report(f"latency events ingested by one worker ({n:,} sent, real NATS)", rate,

@@ -205,3 +205,15 @@ class PrivateNats:
         """Stop the server and remove its credentials and store."""
         self.server.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> PrivateNats:
+        """Started, for one `with` block; closed (credentials removed) also when the start fails."""
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

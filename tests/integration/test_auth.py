@@ -414,3 +414,21 @@ async def test_an_experiments_private_bus_is_secured_and_leaves_nothing_behind(t
         nats.close()
     assert not private.exists()
     assert (tmp_path / "nats-server.out").is_file()
+
+
+def test_an_experiments_private_bus_in_a_with_block_is_removed_after_it_and_after_a_failed_start(
+        tmp_path, monkeypatch):
+    from experiments.common import PrivateNats
+    from shared.natsd import BINARY_ENV, NatsServerError
+
+    with PrivateNats(["n1"]) as nats:
+        private = nats.dir
+        assert nats.server.running and nats.creds("client").is_file()
+    assert not private.exists() and not nats.server.running
+
+    monkeypatch.setenv(BINARY_ENV, str(tmp_path / "no-such-nats-server"))
+    failed = PrivateNats(["n1"])
+    with pytest.raises(NatsServerError, match="not an executable"):
+        with failed:
+            pytest.fail("the block must not run when the server did not start")
+    assert not failed.dir.exists()
