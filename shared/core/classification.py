@@ -10,9 +10,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.core.types import Cls, ContainerView, classify
+from shared.core.types import CLS_B, CLS_G, Cls, ContainerView, classify
+from shared.core.values import quick_init
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Classified:
     """One container after classification. `fresh`: a new batch arrived this round."""
@@ -23,6 +25,7 @@ class Classified:
     fresh: bool
 
 
+@quick_init
 @dataclass(frozen=True, slots=True)
 class Classification:
     """Algorithm 1, lines 2-15: the partition and the per-class sums (Q in s, R in node fractions)."""
@@ -64,11 +67,11 @@ def classify_views(views: Sequence[ContainerView]) -> Classification:
             items.append(Classified(v, None, None, False))
             continue
         usage = v.cpu_share or 0.0
-        if cls is Cls.G:
+        if cls is CLS_G:
             q_g += q
             r_g += usage
             n_g += 1
-        elif cls is Cls.B:
+        elif cls is CLS_B:
             q_b += q
             r_b += usage
         else:

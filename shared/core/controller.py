@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from shared.core.policy import Policy
 from shared.core.types import (
+    CLS_S,
     BatchObs,
     Cls,
     ContainerView,
@@ -206,7 +207,7 @@ class NodeController:
             if len(t.recent) > MAX_RECENT:
                 del t.recent[0]
         t.batches += 1
-        if t.cls is Cls.S and t.objective_s is not None:
+        if t.cls is CLS_S and t.objective_s is not None:
             alpha = self.policy.alpha if t.alpha is None else t.alpha
             t.out_of_band = 0 if is_satisfied(t.objective_s, latency_s, alpha) else t.out_of_band + 1
             if now_s is not None and t.out_of_band >= 2 and self._backed_off():
@@ -241,20 +242,20 @@ class NodeController:
 
     def view(self, now_s: float, cpu_totals_s: Mapping[str, float]) -> NodeView:
         """Advance CPU baselines and build the policy's view (consumes new latencies)."""
-        for t in self.containers.values():
-            total = cpu_totals_s.get(t.name)
-            if total is None:
-                continue
-            if t.cpu_base_s is not None and t.cpu_base_at_s is not None:
-                dt = now_s - t.cpu_base_at_s
-                if dt <= 0:
-                    continue  # same instant: keep the last reading
-                used = max(0.0, total - t.cpu_base_s)
-                t.cpu_share = min(1.0, used / (dt * self.cores))
-            t.cpu_base_s, t.cpu_base_at_s = total, now_s
         alpha = self.policy.alpha
+        cores = self.cores
         views = []
         for t in self.containers.values():
+            total = cpu_totals_s.get(t.name)
+            if total is not None:
+                base_s, base_at_s = t.cpu_base_s, t.cpu_base_at_s
+                if base_s is None or base_at_s is None:
+                    t.cpu_base_s, t.cpu_base_at_s = total, now_s
+                elif now_s > base_at_s:  # same instant: keep the last reading
+                    used = total - base_s
+                    share = used / ((now_s - base_at_s) * cores) if used > 0.0 else 0.0
+                    t.cpu_share = share if share < 1.0 else 1.0
+                    t.cpu_base_s, t.cpu_base_at_s = total, now_s
             if t.objective_s is None:
                 if t.recent:
                     t.recent = []

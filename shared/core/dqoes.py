@@ -9,6 +9,7 @@ here with "Reading:" where the code implements it.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from shared.core.classification import Classification, classify_views
 from shared.core.policy import (
@@ -20,7 +21,7 @@ from shared.core.policy import (
     check_open_fraction,
     check_total_resource,
 )
-from shared.core.types import Cls, Decision, NodeView
+from shared.core.types import CLS_G, CLS_S, Decision, NodeView
 
 ON_DROP_MODES = ("reset", "halve")
 
@@ -58,8 +59,9 @@ def floor_limit(n_containers: int) -> float:
     return 1.0 / (2 * max(1, n_containers))
 
 
-@dataclass(frozen=True, slots=True)
-class LimitUpdate:
+class LimitUpdate(NamedTuple):
+    """A container's new limit and why: the (new limit, reason) pair a Decision is built from."""
+
     new_limit: float | None
     reason: str
 
@@ -92,8 +94,8 @@ def update_limits(
         if c.cls is None:
             out[v.name] = LimitUpdate(_clamp(old, floor, cap), "pending: no batch yet")
             continue
-        if not c.fresh or c.cls is Cls.S:
-            why = "satisfied" if c.cls is Cls.S else "no new batch: class and limit kept"
+        if not c.fresh or c.cls is CLS_S:
+            why = "satisfied" if c.cls is CLS_S else "no new batch: class and limit kept"
             out[v.name] = LimitUpdate(_clamp(old, floor, cap), why)
             continue
         base = old if old is not None else v.cpu_share
@@ -104,12 +106,12 @@ def update_limits(
         if cl.r_g == 0.0:
             out[v.name] = LimitUpdate(_clamp(old, floor, cap), "R_G = 0: free competition")
             continue
-        if c.cls is Cls.G:
+        if c.cls is CLS_G:
             new = base - (c.slack_s / cl.slack_sum_g_s) * cl.r_g * beta
         else:
             new = base + (c.slack_s / cl.slack_sum_b_s) * cl.r_g * beta
-        new = min(cap, max(floor, new))
-        if c.cls is Cls.G:
+        new = _clamp(new, floor, cap)
+        if c.cls is CLS_G:
             why = "G: shrink" + (" (at floor)" if new == floor else "")
         else:
             why = "B: grow" + (" (at cap)" if new == cap else "")
@@ -118,7 +120,12 @@ def update_limits(
 
 
 def _clamp(limit: float | None, floor: float, cap: float) -> float | None:
-    return None if limit is None else min(cap, max(floor, limit))
+    """min(cap, max(floor, limit)), without the two calls (a round makes one a container)."""
+    if limit is None:
+        return None
+    if not limit >= floor:  # NaN too, as max(floor, NaN) gives floor
+        limit = floor
+    return cap if limit > cap else limit
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +212,7 @@ class DQoESPolicy(PolicyBase):
             self.listener, cl.slack_sum_g_s, cl.slack_sum_b_s, cl.satisfied, p, view.event
         )
         return build_decision(
-            self.name, view, cl, {k: (u.new_limit, u.reason) for k, u in ups.items()},
+            self.name, view, cl, ups,
             interval_s=self.listener.interval_s, listener=why, extra={"r_g": cl.r_g, "r_b": cl.r_b},
         )
 
