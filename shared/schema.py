@@ -50,6 +50,7 @@ import msgpack
 from shared import subjects as subjects_mod
 from shared.core import bounds
 from shared.core.types import Cls, Decision
+from shared.core.values import slot_builder
 from shared.validation import (
     FINITE,
     FRACTION,
@@ -567,7 +568,10 @@ def _decode_envelope(data: Any) -> Envelope:
 
 _MAX_LATENCY_S = bounds.MAX_LATENCY_S
 _GOOD_ID = subjects_mod._GOOD_ID
-_LATENCY_FIELDS = tuple(f.name for f in dataclasses.fields(LatencyEvent))
+_build_latency = slot_builder(LatencyEvent)
+if tuple(f.name for f in dataclasses.fields(LatencyEvent)) != (
+        "container", "node", "latency_s", "images", "batch", "cpu_s", "model", "finished_at", "follows_limit"):
+    raise ImportError("LatencyEvent's fields changed: decode_latency passes them by position, in order")
 
 
 def _id_ok(value: Any) -> bool:
@@ -601,11 +605,8 @@ def decode_latency(data: bytes | bytearray | memoryview) -> LatencyEvent:
                 and (fin is None or (type(fin) is float and 0.0 <= fin < math.inf))
                 and type(follows) is bool
                 and _id_ok(g("container")) and _id_ok(g("node"))):
-            ev = object.__new__(LatencyEvent)
-            for name, value in zip(_LATENCY_FIELDS, (g("container"), g("node"), lat, images, batch, cpu, model,
-                                                      ts if fin is None else fin, follows), strict=True):
-                object.__setattr__(ev, name, value)
-            return ev
+            return _build_latency(g("container"), g("node"), lat, images, batch, cpu, model,
+                                  ts if fin is None else fin, follows)
     return decode_as(data, LatencyEvent)
 
 

@@ -306,12 +306,24 @@ def build(cls: type, data: Mapping[Any, Any], envelope: Mapping[str, Any] | None
 _ABSENT = object()
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None), bytes})
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+"""Each dataclass's field names, read once: a decision of 100 containers has some 900 values, and asking
+`dataclasses` for each one's fields took most of the time a worker spent encoding it."""
+
+
 def to_wire(value: Any) -> Any:
     """A value as msgpack/JSON can carry it: dataclasses as maps, enums by value."""
+    kind = type(value)
+    if kind in _SCALARS:
+        return value
     if isinstance(value, enum.Enum):
         return value.value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_wire(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    names = _FIELD_NAMES.get(kind)
+    if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(value))
+    if names is not None:
+        return {name: to_wire(getattr(value, name)) for name in names}
     if isinstance(value, list | tuple):
         return [to_wire(v) for v in value]
     if isinstance(value, dict):
