@@ -569,9 +569,6 @@ def _decode_envelope(data: Any) -> Envelope:
 _MAX_LATENCY_S = bounds.MAX_LATENCY_S
 _GOOD_ID = subjects_mod._GOOD_ID
 _build_latency = slot_builder(LatencyEvent)
-if tuple(f.name for f in dataclasses.fields(LatencyEvent)) != (
-        "container", "node", "latency_s", "images", "batch", "cpu_s", "model", "finished_at", "follows_limit"):
-    raise ImportError("LatencyEvent's fields changed: decode_latency passes them by position, in order")
 
 
 def _id_ok(value: Any) -> bool:
@@ -605,8 +602,9 @@ def decode_latency(data: bytes | bytearray | memoryview) -> LatencyEvent:
                 and (fin is None or (type(fin) is float and 0.0 <= fin < math.inf))
                 and type(follows) is bool
                 and _id_ok(g("container")) and _id_ok(g("node"))):
-            return _build_latency(g("container"), g("node"), lat, images, batch, cpu, model,
-                                  ts if fin is None else fin, follows)
+            return _build_latency(container=g("container"), node=g("node"), latency_s=lat, images=images,
+                                  batch=batch, cpu_s=cpu, model=model, finished_at=ts if fin is None else fin,
+                                  follows_limit=follows)
     return decode_as(data, LatencyEvent)
 
 

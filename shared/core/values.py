@@ -97,8 +97,8 @@ def quick_init(cls: type[T]) -> type[T]:
 
 
 def slot_builder(cls: type[T]) -> Callable[..., T]:
-    """A function taking every field of a frozen, slotted dataclass, in order and by position, that builds
-    an instance without running its `__init__` (nor its checks): for values already checked."""
+    """A function taking every field of a frozen, slotted dataclass (by name or in order), that builds an
+    instance without running its `__init__` (nor its checks): for values already checked."""
     fields = _frozen_slotted_fields(cls, "slot_builder")
     ns = _setters(cls, fields, "slot_builder")
     ns["_new"], ns["_cls"] = object.__new__, cls

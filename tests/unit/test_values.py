@@ -1,4 +1,4 @@
-"""quick_init: the core's value types keep their constructor's meaning and stay frozen."""
+"""quick_init and slot_builder: the value types keep their constructor's meaning and stay frozen."""
 
 from __future__ import annotations
 
