@@ -571,8 +571,24 @@ _GOOD_ID = subjects_mod._GOOD_ID
 _build_latency = slot_builder(LatencyEvent)
 
 
+_IDS_SEEN_MAX = 4096
+"""Most names remembered as well-formed; past it the memory starts again (a flood of new names
+costs each its full check, never unbounded memory)."""
+_ids_seen: set[str] = set()
+
+
 def _id_ok(value: Any) -> bool:
-    return type(value) is str and _GOOD_ID.fullmatch(value) is not None and value.isprintable()
+    """A container or node name as `subjects` allows it; names already seen pass at a set lookup."""
+    if type(value) is not str:
+        return False
+    if value in _ids_seen:
+        return True
+    if _GOOD_ID.fullmatch(value) is None or not value.isprintable():
+        return False
+    if len(_ids_seen) >= _IDS_SEEN_MAX:
+        _ids_seen.clear()
+    _ids_seen.add(value)
+    return True
 
 
 def decode_latency(data: bytes | bytearray | memoryview) -> LatencyEvent:

@@ -138,25 +138,27 @@ class Worker:
 
     def on_latency(self, msg: LatencyEvent) -> None:
         self.latencies += 1
+        ctrl = self.ctrl
         name = msg.container
-        if name not in self.ctrl.containers:
+        if name not in ctrl.containers:
             # A container that does not know its name reports under its hostname,
             # which Docker sets to the short id.
             name = self.by_id.get(name[:12], name) if len(name) >= 12 else name
         cpu_s = msg.cpu_s or None  # 0.0: the container did not measure it
-        workload = workload_of(msg.model, msg.images)
         # Stamped when it finished (the workload's clock is this host's): read late, after a round, it
         # still ran under the limit before that round.
-        lag_s = None if msg.finished_at is None else self.wall() - msg.finished_at
-        finished_s = finished_on_clock(self.clock(), lag_s, self.time_scale)
-        if msg.node != self.node or not self.ctrl.record_latency(name, msg.latency_s, finished_s, cpu_s, workload,
-                                                                       follows_limit=msg.follows_limit):
+        wall_s, now_s, finished_at = self.wall(), self.clock(), msg.finished_at
+        lag_s = None if finished_at is None else wall_s - finished_at
+        finished_s = finished_on_clock(now_s, lag_s, self.time_scale)
+        if msg.node != self.node or not ctrl.record_latency(name, msg.latency_s, finished_s, cpu_s,
+                                                            workload_of(msg.model, msg.images),
+                                                            follows_limit=msg.follows_limit):
             self.ignored_latencies += 1
             return
-        self.last_batch_at[name] = msg.finished_at if msg.finished_at is not None else self.wall()
+        self.last_batch_at[name] = wall_s if finished_at is None else finished_at
         if msg.model and not self.models.get(name):
             self.models[name] = msg.model
-        if self.ctrl.due(self.clock()):
+        if ctrl.due(now_s):
             self.wake.set()
 
     def on_objective(self, msg: ObjectiveAssign) -> None:

@@ -40,6 +40,7 @@ from shared.schema import (
     TrainingJobState,
     TrainingState,
 )
+from shared.subjects import MAX_ID_CHARS
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 GOLDEN_TS = 1700000000.25
@@ -264,6 +265,27 @@ def test_a_latency_event_without_follows_limit_reads_as_a_fixed_thread_count():
         schema.decode(pack(m))
     with pytest.raises(schema.SchemaError, match="follows_limit"):
         schema.decode_latency(pack(m))
+
+
+@pytest.mark.parametrize("field", ["container", "node"])
+def test_the_hot_decoder_refuses_a_bad_name_every_time_and_remembers_only_good_ones(field, monkeypatch):
+    """decode_latency remembers names it has checked (a set lookup for the next event); a bad name is
+    never remembered, and the memory is bounded: past its size it starts again and still decides the same."""
+    monkeypatch.setattr(schema, "_IDS_SEEN_MAX", 8)
+    schema._ids_seen.clear()
+    m = golden_map("latency")
+    for bad in ["a b", "c*", "n>", "~x", "tab\t", "bell\x07", "", "n" * (MAX_ID_CHARS + 1), 5, ["c1"], None, b"c1"]:
+        m[field] = bad
+        for _ in range(2):
+            with pytest.raises(schema.SchemaError, match=field):
+                schema.decode_latency(pack(m))
+            with pytest.raises(schema.SchemaError, match=field):
+                schema.decode(pack(m))
+    for i in range(30):
+        m[field] = f"name-{i % 12}"
+        assert schema.decode_latency(pack(m)) == schema.decode(pack(m))
+        assert len(schema._ids_seen) <= 8
+    assert not any(type(n) is not str or not n.startswith(("name-", "resnet.", "node-")) for n in schema._ids_seen)
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
