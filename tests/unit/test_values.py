@@ -10,7 +10,7 @@ import pytest
 
 from shared.core.classification import Classification, Classified
 from shared.core.types import BatchObs, Cls, ContainerDecision, ContainerView, Decision, NodeView
-from shared.core.values import quick_init, slot_builder
+from shared.core.values import _twin, quick_init, slot_builder
 
 QUICK = (BatchObs, ContainerView, NodeView, ContainerDecision, Decision, Classified, Classification)
 
@@ -169,3 +169,67 @@ def test_slot_builder_builds_what_the_constructor_would_without_its_checks() -> 
 
     with pytest.raises(TypeError, match="slot_builder"):
         slot_builder(NotFrozen)
+
+
+@pytest.mark.parametrize("cls", QUICK, ids=lambda c: c.__name__)
+def test_every_value_type_is_built_through_its_twin_and_ends_as_itself(cls: type) -> None:
+    assert _twin(cls) is not None  # the fast path, not the fallback, serves the hot types
+    assert "_twin" in cls.__init__.__code__.co_names
+    obj = cls(**_sample(cls))
+    assert type(obj) is cls and obj.__class__ is cls and isinstance(obj, cls)
+
+
+def test_a_subclass_instance_keeps_its_class() -> None:
+    @quick_init
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Point:
+        x: int
+        y: int = 0
+
+    class Named(Point):
+        __slots__ = ("label",)
+
+    n = Named(1, 2)
+    assert type(n) is Named and (n.x, n.y) == (1, 2)
+    assert type(Point(3)) is Point and Point(3) == Point(x=3, y=0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        n.x = 5  # type: ignore[misc]
+
+
+def test_where_no_twin_fits_the_descriptors_set_the_fields() -> None:
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Base:
+        x: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Child(Base):
+        y: int = 2
+
+    assert _twin(Child) is None  # its base freezes its own fields: the twin's stores would raise
+    build = slot_builder(Child)
+    assert build(1, 3) == Child(1, 3) and type(build(1, 3)) is Child
+
+
+def test_a_weakref_slot_is_kept() -> None:
+    import weakref
+
+    @quick_init
+    @dataclasses.dataclass(frozen=True, slots=True, weakref_slot=True)
+    class Ref:
+        x: int
+
+    r = Ref(4)
+    assert type(r) is Ref and weakref.ref(r)() is r and r == Ref(4)
+
+
+def test_the_wire_builder_goes_through_the_twin_past_its_checked_base() -> None:
+    from shared.schema import LatencyEvent
+
+    assert _twin(LatencyEvent) is not None
+    build = slot_builder(LatencyEvent)
+    assert "_twin" in build.__code__.co_names
+    ev = build(container="c01", node="n1", latency_s=2.5, images=10, batch=3, cpu_s=1.2,
+                                    model=None, finished_at=1.0, follows_limit=False)
+    assert type(ev) is LatencyEvent
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ev.node = "n2"  # type: ignore[misc]
