@@ -87,15 +87,17 @@ def update_limits(
     """
     floor = floor_limit(n_containers)
     cap = total_resource
+    r_g, q_g, q_b = cl.r_g, cl.slack_sum_g_s, cl.slack_sum_b_s
     out: dict[str, LimitUpdate] = {}
     for c in cl.items:
         v = c.view
         old = v.limit
-        if c.cls is None:
+        cls = c.cls
+        if cls is None:
             out[v.name] = LimitUpdate(_clamp(old, floor, cap), "pending: no batch yet")
             continue
-        if not c.fresh or c.cls is CLS_S:
-            why = "satisfied" if c.cls is CLS_S else "no new batch: class and limit kept"
+        if not c.fresh or cls is CLS_S:
+            why = "satisfied" if cls is CLS_S else "no new batch: class and limit kept"
             out[v.name] = LimitUpdate(_clamp(old, floor, cap), why)
             continue
         base = old if old is not None else v.cpu_share
@@ -103,20 +105,19 @@ def update_limits(
             out[v.name] = LimitUpdate(old, "no CPU reading yet")
             continue
         assert c.slack_s is not None
-        if cl.r_g == 0.0:
+        if r_g == 0.0:
             out[v.name] = LimitUpdate(_clamp(old, floor, cap), "R_G = 0: free competition")
             continue
-        if c.cls is CLS_G:
-            new = base - (c.slack_s / cl.slack_sum_g_s) * cl.r_g * beta
+        if cls is CLS_G:
+            new = _clamp(base - (c.slack_s / q_g) * r_g * beta, floor, cap)
+            out[v.name] = LimitUpdate(new, _SHRINK_AT_FLOOR if new == floor else _SHRINK)
         else:
-            new = base + (c.slack_s / cl.slack_sum_b_s) * cl.r_g * beta
-        new = _clamp(new, floor, cap)
-        if c.cls is CLS_G:
-            why = "G: shrink" + (" (at floor)" if new == floor else "")
-        else:
-            why = "B: grow" + (" (at cap)" if new == cap else "")
-        out[v.name] = LimitUpdate(new, why)
+            new = _clamp(base + (c.slack_s / q_b) * r_g * beta, floor, cap)
+            out[v.name] = LimitUpdate(new, _GROW_AT_CAP if new == cap else _GROW)
     return out
+
+
+_SHRINK, _SHRINK_AT_FLOOR, _GROW, _GROW_AT_CAP = "G: shrink", "G: shrink (at floor)", "B: grow", "B: grow (at cap)"
 
 
 def _clamp(limit: float | None, floor: float, cap: float) -> float | None:
