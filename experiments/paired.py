@@ -131,7 +131,8 @@ def sentence(summary: dict[str, Any]) -> str:
         if se is None:
             parts.append(f"{f['name']}: {f['difference']:+.3f} (one seed)")
             continue
-        verdict = ("not told apart from the seeds' noise" if abs(f["difference"]) < 2 * se
+        verdict = ("the same on every seed" if se == 0 and f["difference"] == 0
+                   else "not told apart from the seeds' noise" if abs(f["difference"]) < 2 * se
                    else "ahead" if f["difference"] > 0 else "behind")
         parts.append(f"{f['name']}: {f['difference']:+.3f} (se {se:.3f}), {verdict}")
     return f"{summary['second']} against {summary['first']} over {len(summary['seeds'])} seeds; " + "; ".join(parts)

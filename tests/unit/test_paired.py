@@ -88,6 +88,10 @@ def test_the_sentence_tells_a_difference_from_the_seeds_noise():
     assert "behind" in paired.sentence(summary(-0.5, 0.1))
     assert "ahead" in paired.sentence(summary(0.5, 0.1))
     assert "not told apart" in paired.sentence(summary(0.15, 0.1))
+    # Two settings that change nothing: no seed differs, so neither is ahead nor behind.
+    same = paired.sentence(summary(0.0, 0.0))
+    assert "the same on every seed" in same and "behind" not in same and "ahead" not in same
+    assert "behind" in paired.sentence(summary(-0.25, 0.0))  # the same loss on every seed
 
 
 def test_cli_text_and_json(capsys):
