@@ -567,28 +567,12 @@ def _decode_envelope(data: Any) -> Envelope:
 
 
 _MAX_LATENCY_S = bounds.MAX_LATENCY_S
-_GOOD_ID = subjects_mod._GOOD_ID
 _build_latency = slot_builder(LatencyEvent)
-
-
-_IDS_SEEN_MAX = 4096
-"""Most names remembered as well-formed; past it the memory starts again (a flood of new names
-costs each its full check, never unbounded memory)."""
-_ids_seen: set[str] = set()
+_is_good_id = subjects_mod.is_good_id
 
 
 def _id_ok(value: Any) -> bool:
-    """A container or node name as `subjects` allows it; names already seen pass at a set lookup."""
-    if type(value) is not str:
-        return False
-    if value in _ids_seen:
-        return True
-    if _GOOD_ID.fullmatch(value) is None or not value.isprintable():
-        return False
-    if len(_ids_seen) >= _IDS_SEEN_MAX:
-        _ids_seen.clear()
-    _ids_seen.add(value)
-    return True
+    return type(value) is str and _is_good_id(value)
 
 
 def decode_latency(data: bytes | bytearray | memoryview) -> LatencyEvent:

@@ -77,14 +77,36 @@ _KV_KEY_RE = re.compile(r"^[-/_=a-zA-Z0-9]+(\.[-/_=a-zA-Z0-9]+)*$")
 
 _GOOD_ID = re.compile(r"[^\s*>~]{1," + str(MAX_ID_CHARS) + "}")
 
+_IDS_SEEN_MAX = 4096
+"""Most ids remembered as good; past it the memory starts again (a flood of new names costs each its
+full check, never unbounded memory)."""
+_ids_seen: set[str] = set()
+
+
+def is_good_id(name: str) -> bool:
+    """Whether a string can be a node or container id on the bus, in one pass (this runs per message).
+
+    Ids already found good (plain `str` only) pass at a set lookup; a bad one is never remembered.
+    """
+    if type(name) is not str:
+        return _GOOD_ID.fullmatch(name) is not None and name.isprintable()
+    if name in _ids_seen:
+        return True
+    if _GOOD_ID.fullmatch(name) is None or not name.isprintable():
+        return False
+    if len(_ids_seen) >= _IDS_SEEN_MAX:
+        _ids_seen.clear()
+    _ids_seen.add(name)
+    return True
+
 
 def validate_id(name: object, what: str = "id") -> str:
     """Return `name` if it can be a node or container id on the bus, else raise ValueError.
 
     The error names the id (repr, truncated) and says what is wrong with it.
     """
-    if isinstance(name, str) and _GOOD_ID.fullmatch(name) and name.isprintable():
-        return name  # the common case, checked in one pass (this runs per message)
+    if isinstance(name, str) and is_good_id(name):
+        return name  # the common case
     if not isinstance(name, str):
         raise ValueError(f"{what} must be a string, got {_show(name)}")
     if not name:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.manager.logic import aggregate
-from shared import public, schema
+from shared import public, schema, subjects
 from shared.core.types import Cls, ContainerDecision, Decision
 from shared.public import ClusterState
 from shared.schema import (
@@ -269,10 +269,10 @@ def test_a_latency_event_without_follows_limit_reads_as_a_fixed_thread_count():
 
 @pytest.mark.parametrize("field", ["container", "node"])
 def test_the_hot_decoder_refuses_a_bad_name_every_time_and_remembers_only_good_ones(field, monkeypatch):
-    """decode_latency remembers names it has checked (a set lookup for the next event); a bad name is
+    """Ids found good are remembered (`subjects.is_good_id`: a set lookup for the next event); a bad name is
     never remembered, and the memory is bounded: past its size it starts again and still decides the same."""
-    monkeypatch.setattr(schema, "_IDS_SEEN_MAX", 8)
-    schema._ids_seen.clear()
+    monkeypatch.setattr(subjects, "_IDS_SEEN_MAX", 8)
+    subjects._ids_seen.clear()
     m = golden_map("latency")
     for bad in ["a b", "c*", "n>", "~x", "tab\t", "bell\x07", "", "n" * (MAX_ID_CHARS + 1), 5, ["c1"], None, b"c1"]:
         m[field] = bad
@@ -284,8 +284,8 @@ def test_the_hot_decoder_refuses_a_bad_name_every_time_and_remembers_only_good_o
     for i in range(30):
         m[field] = f"name-{i % 12}"
         assert schema.decode_latency(pack(m)) == schema.decode(pack(m))
-        assert len(schema._ids_seen) <= 8
-    assert not any(type(n) is not str or not n.startswith(("name-", "resnet.", "node-")) for n in schema._ids_seen)
+        assert len(subjects._ids_seen) <= 8
+    assert not any(type(n) is not str or not n.startswith(("name-", "resnet.", "node-")) for n in subjects._ids_seen)
 
 
 @pytest.mark.parametrize("version", ["v1", "v2"])
