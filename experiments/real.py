@@ -40,6 +40,7 @@ from typing import Any
 
 import pandas as pd
 
+from experiments.calibrate import CalibrationOptions, calibrate
 from experiments.common import (
     ExperimentError,
     PrivateNats,
@@ -68,6 +69,7 @@ from shared.scenarios.spec import (
     Scenario,
     ScenarioError,
     load_profiles_file,
+    parse_profiles,
     scenario_to_dict,
 )
 from shared.schema import DecisionMsg, LatencyEvent, NodeState
@@ -639,6 +641,15 @@ def _under_noise(r: dict[str, Any]) -> str:
     return "-" if not o or not n else f"{o['met']} / {o['in_band']} (σ {n['sd']:.2f})"
 
 
+def _profiles_sentence(d: dict[str, Any]) -> str:
+    """Where the profiles behind the objectives, the forecast and the bounds came from."""
+    if d.get("profiles_measured"):
+        when = (d.get("calibration") or {}).get("measured_at", "")
+        return ("Profiles for the objectives, the forecast and the bounds: measured on this machine in the same "
+                f"call, before the runs (`dqoes calibrate`{', ' + when if when else ''}; kept in the summary)")
+    return f"Profiles for the forecast: `{d['profiles']}`"
+
+
 def render_markdown(d: dict[str, Any], plot_rel: str | None, begin: str = BEGIN, end: str = END) -> str:
     cores = d["cores"]
     specs = d["containers"]
@@ -649,7 +660,7 @@ def render_markdown(d: dict[str, Any], plot_rel: str | None, begin: str = BEGIN,
     lines.append(f"Run {d['started_at']} with `{d['command']}`: {len(specs)} {what}, {d['batch']} images × "
                  f"{d['resolution_px']} px a batch, threads following each limit) on a node of "
                  f"{cores:g} cores, {d['duration_s']:.0f} s per policy, the same workloads and objectives under "
-                 f"each. Profiles for the forecast: `{d['profiles']}`"
+                 f"each. " + _profiles_sentence(d)
                  + ("; the forecast and the oracle run each workload's threads as it does, one a whole core of "
                     "limit, each doing the profile's one-thread work a second." if d.get("threads_follow") is True
                     else ".")
@@ -810,6 +821,37 @@ def profiles_named(shown: str) -> dict[str, ModelProfile]:
     return load_profiles(str(path if path.is_absolute() or path.exists() else REPO / path))[0]
 
 
+def summary_profiles(d: dict[str, Any]) -> dict[str, ModelProfile]:
+    """The profiles a summary's objectives, forecast and bounds came from: those its run measured
+    (`--calibrate`, kept in the summary itself, so that it reads back wherever it is copied), else the
+    file it names."""
+    measured = d.get("profiles_measured")
+    if measured:
+        try:
+            return {**BUILTIN_PROFILES, **parse_profiles({"models": measured}, "profiles_measured: ")}
+        except ScenarioError as e:
+            raise ExperimentError(str(e)) from None
+    return profiles_named(d["profiles"])
+
+
+def calibrate_here(opts: RealOptions, models: Sequence[str], out_dir: Path) -> tuple[dict[str, Any], Path]:
+    """`--calibrate`: this machine's profiles for the run's models at its batches (`dqoes calibrate`,
+    one model and one limit at a time, before any policy runs), written to OUT/profiles.toml.
+
+    Why: the objectives (fastest-alone x a factor), the forecast and the bounds are worked out from the
+    profiles; profiles measured on another day or machine make them what the experiment does not mean
+    (on this machine's Docker node of 29 Nov 2026 a ResNet-50 batch took 1.42-1.45 CPU-s where its
+    profile of that month said 1.16). Returns the fitted models (as a profiles file has them) and the file."""
+    base = opts.calibration or CalibrationOptions()
+    path = out_dir / "profiles.toml"
+    cal = dataclasses.replace(base, models=",".join(dict.fromkeys(models)), batch_size=opts.batch_size,
+                              resolution=opts.resolution, out=str(path), from_file=None, plot=None, update=None)
+    _log(f"calibrating {cal.models} at {cal.batch_size} x {cal.resolution} px before the runs "
+         f"(`dqoes calibrate`, limits {cal.limits} cores)")
+    res = calibrate(cal, _log)
+    return {"models": res.summary["models"], "calibration": res.summary["calibration"]}, path
+
+
 @dataclass(frozen=True, slots=True)
 class RealOptions:
     """What `dqoes experiment real` runs and where it writes (the flags, as data)."""
@@ -839,6 +881,12 @@ class RealOptions:
     update: str | None = None
     cpu_weights: bool = True
     """The worker sets each container's CPU weight from its limit as well as its quota (its default)."""
+    calibrate: bool = False
+    """Measure this machine's profiles for the run's models first (`calibrate_here`) and work the objectives,
+    the forecast and the bounds out from them, in place of a profiles file."""
+    calibration: CalibrationOptions | None = None
+    """With `calibrate`: what to measure (limits, batches, warm-up, threads); None: `dqoes calibrate`'s
+    defaults. Its models, batch size and resolution are always the run's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -853,6 +901,10 @@ def run(opts: RealOptions) -> RealResult:
     rel = None
     if opts.plot and opts.update:
         rel = os.path.relpath(Path(opts.plot).resolve(), Path(opts.update).resolve().parent)
+    if opts.from_file and opts.calibrate:
+        raise ExperimentError("--calibrate: only for a run (--from reads one back, with the profiles it kept)")
+    if opts.calibrate and opts.profiles:
+        raise ExperimentError("--calibrate measures the profiles: give it or --profiles, not both")
     if opts.from_file:
         d, figure, md = _read_back(opts, rel, begin, end)
     elif opts.records:
@@ -880,7 +932,7 @@ def _read_back(opts: RealOptions, rel: str | None, begin: str, end: str) -> tupl
     with reading_back(opts.from_file, what):
         if opts.records:
             add_noise_bounds(d, read_records(opts.records, list(d["real"])),
-                             batch_profiles(profiles_named(d["profiles"]), d["batch"], d["resolution_px"]))
+                             batch_profiles(summary_profiles(d), d["batch"], d["resolution_px"]))
         d["profiles_off"] = profiles_off(d)  # records from before it was kept
         return d, real_figure(d) if opts.plot else None, render_markdown(d, rel, begin, end)
 
@@ -930,8 +982,20 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
             raise ExperimentError("the docker command is not installed")
         if _docker("images", "-q", opts.image, check=False) == "":
             raise ExperimentError(f"image {opts.image} not found (build it with compose/images/build.sh)")
-    profiles, profiles_name = load_profiles(opts.profiles)
     models = [m.strip() for m in opts.models.split(",") if m.strip()]
+    if not models:
+        raise ExperimentError("--models: name at least one model")
+    out_dir = Path(opts.out or f"runs/real-{time.strftime('%Y%m%d-%H%M%S')}")
+    measured = None
+    if opts.calibrate:
+        for m in models:
+            if m not in BUILTIN_PROFILES:
+                raise ExperimentError(f"--models: no profile for {m!r}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        measured, path = calibrate_here(opts, models, out_dir)
+        profiles, profiles_name = load_profiles(str(path))
+    else:
+        profiles, profiles_name = load_profiles(opts.profiles)
     for m in models:
         if m not in profiles:
             raise ExperimentError(f"--models: no profile for {m!r}")
@@ -951,7 +1015,6 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
     cores = opts.cores or float(os.cpu_count() or 1)
     specs = plan_containers(opts.containers, models, profiles, cores, objectives)
     prefix = f"dqx-{uuid.uuid4().hex[:6]}"
-    out_dir = Path(opts.out or f"runs/real-{time.strftime('%Y%m%d-%H%M%S')}")
     out_dir.mkdir(parents=True, exist_ok=True)
     started_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     _log(f"prefix {prefix}; {len(specs)} containers on {cores:g} cores; profiles {profiles_name}; records in {out_dir}")
@@ -1006,6 +1069,7 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
         "resolution_px": opts.resolution,
         "duration_s": opts.duration_s,
         "profiles": profiles_name,
+        **({"profiles_measured": measured["models"], "calibration": measured["calibration"]} if measured else {}),
         "threads_follow": True,
         "containers": [{"name": c.name, "model": c.model, "objective_s": c.objective_s,
                         "fastest_s": round(profiles[c.model].with_threads(1).fastest_s(cores), 3)} for c in specs],
@@ -1015,7 +1079,8 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
     add_noise_bounds(d, records, profiles)
     d["profiles_off"] = profiles_off(d)
     for line in d["profiles_off"]:
-        _log(f"warning: {line}, off by more than {PROFILE_OFF:.0%}; `dqoes calibrate` measures it again")
+        _log(f"warning: {line}, off by more than {PROFILE_OFF:.0%}; `dqoes calibrate` measures it again "
+             "(`--calibrate` does, before the runs)")
     (out_dir / "summary.json").write_text(json.dumps(d, indent=1))
     _log(f"summary written to {out_dir / 'summary.json'}")
     return d
@@ -1029,4 +1094,6 @@ def command_line(opts: RealOptions) -> str:
         parts.append(f"--objectives {opts.objectives}")
     if not opts.cpu_weights:
         parts.append("--no-cpu-weights")
+    if opts.calibrate:
+        parts.append("--calibrate")
     return " ".join(parts)

@@ -320,7 +320,7 @@ def cmd_real(args: argparse.Namespace) -> int:
         objectives=args.objectives, batch_size=args.batch_size, resolution=args.resolution, cores=args.cores,
         profiles=args.profiles, image=args.image, seed=args.seed, sample_s=args.sample_s, out=args.out,
         from_file=args.from_file, records=args.records, plot=args.plot, update=args.update,
-        cpu_weights=args.cpu_weights,
+        cpu_weights=args.cpu_weights, calibrate=args.calibrate,
     )
     res = real.run(opts)
     if args.json:
@@ -499,6 +499,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
     p.add_argument("--profiles", help="profiles file for the forecast (default: $DQOES_PROFILES, else "
                    "docs/calibration/profiles.toml, else the built-ins)")
+    p.add_argument("--calibrate", action="store_true",
+                   help="measure this machine's profiles for the run's models first (`dqoes calibrate` at the "
+                   "run's batch size and resolution, about two minutes a model) and work the objectives, the "
+                   "forecast and the bounds out from them; written to OUT/profiles.toml and kept in the summary")
     p.add_argument("--image", default=d.image, help="inference image")
     p.add_argument("--seed", type=int, default=d.seed, help="simulator seed")
     p.add_argument("--sample-s", type=float, default=d.sample_s, help="seconds between CPU samples (default 5)")

@@ -52,3 +52,26 @@ def test_a_short_real_run_records_decisions_and_batches(tmp_path):
     assert set(Path(tempfile.gettempdir()).glob("dqoes-run-*")) <= private_before
     # The bus asked for credentials: the worker connected as its own role.
     assert "connected to NATS at nats://worker-" in (tmp_path / "learned+half_life_s=0" / "worker.log").read_text()
+
+
+def test_a_calibrating_run_works_its_objectives_out_from_what_it_measured_here(tmp_path):
+    """`--calibrate`: the run's models are measured here first, at its batches, and the objectives, the
+    forecast and the bounds come from those profiles, which the summary keeps (a light calibration:
+    one limit, one measured batch)."""
+    from experiments.calibrate import CalibrationOptions
+    from experiments.real import FACTORS, summary_profiles
+
+    cal = CalibrationOptions(limits="0.5", batches=1, warmup=1)
+    res = run(RealOptions(containers=2, duration_s=30.0, policies="learned", runtime="cgroup", models="mobilenetv2",
+                          batch_size=2, resolution=64, out=str(tmp_path), calibrate=True, calibration=cal))
+    d = res.summary
+    assert (tmp_path / "profiles.toml").is_file()
+    measured = summary_profiles(d)["mobilenetv2"]
+    assert (measured.batch_images, measured.resolution_px) == (2, 64)
+    assert measured.source.startswith("calibrated")
+    assert [m["name"] for m in d["profiles_measured"]] == ["mobilenetv2", "nasnetmobile"]
+    for i, c in enumerate(d["containers"]):
+        assert c["objective_s"] == round(measured.with_threads(1).fastest_s(d["cores"]) * FACTORS[i], 2)
+    assert d["command"].endswith(" --calibrate")
+    assert "measured on this machine in the same call" in res.markdown
+    assert res.summary["real"]["learned"]["met_final"] >= 0

@@ -460,3 +460,41 @@ def test_docker_workloads_are_labelled_for_the_worker_and_their_threads_follow_t
     monkeypatch.delenv("DQOES_NATS_CREDS")  # the file lies in the container
     _, cfg = parse_inference([])
     assert cfg.threads is None and cfg.batch == 10 and cfg.model == "resnet50"
+
+
+def test_a_summary_of_a_calibrating_run_reads_back_with_the_profiles_it_measured(tmp_path, capsys):
+    """`--calibrate` keeps the profiles it measured in the summary: read back anywhere (no profiles file
+    beside it), its oracles come from them, and its section says where they came from."""
+    measured = fit_profile(ModelCalibration("resnet50", (LimitRun(None, (40.0,), (40.0,)),), threads=1,
+                                            batch_images=100, resolution_px=224))
+    assert measured.work_cpu_s != BUILTIN_PROFILES["resnet50"].work_cpu_s
+    from experiments.calibration import profile_to_dict
+
+    d = {**_older_summary(), "profiles": "runs/gone/profiles.toml",
+         "profiles_measured": [profile_to_dict(measured)], "calibration": {"measured_at": "2026-12-01 19:00 UTC"}}
+    assert realexp.summary_profiles(d)["resnet50"] == measured
+    assert realexp.summary_profiles(d)["mobilenetv2"] == BUILTIN_PROFILES["mobilenetv2"]
+    rows = [_decision(0.0, {"c01": 0.5})] + [_batch(60.0 + 3 * i, "c01", v) for i, v in enumerate((3.0, 3.3, 2.8))]
+    src, rec, got = _completed_from_records(tmp_path, capsys, d, rows)
+    assert got["oracle_under_noise"] == realexp.oracle_under_noise(d, {"resnet50": measured}, got["noise"]["sd"])
+    assert got["oracle_under_noise"] != realexp.oracle_under_noise(d, BUILTIN_PROFILES, got["noise"]["sd"])
+    assert main(["experiment", "real", "--from", str(src)]) == 0
+    out = capsys.readouterr().out
+    assert "measured on this machine in the same call, before the runs (`dqoes calibrate`, 2026-12-01 19:00 UTC" in out
+    assert "runs/gone/profiles.toml" not in out
+    # Profiles that do not parse are a clear error, not a traceback.
+    src.write_text(json.dumps({**d, "profiles_measured": [{"name": "resnet50", "work_cpu_s": -1}]}))
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec)]) == 2
+    err = capsys.readouterr().err
+    assert "profiles_measured: " in err and "work_cpu_s" in err and "Traceback" not in err
+
+
+def test_calibrate_is_refused_beside_a_profiles_file_or_a_read_back(tmp_path, capsys):
+    src = tmp_path / "summary.json"
+    src.write_text(json.dumps(_older_summary()))
+    for args, says in ((["--calibrate", "--profiles", "p.toml"], "give it or --profiles, not both"),
+                       (["--calibrate", "--from", str(src)], "--calibrate: only for a run")):
+        assert main(["experiment", "real", *args]) == 2
+        assert says in capsys.readouterr().err
+    assert realexp.command_line(realexp.RealOptions(calibrate=True)).endswith(" --calibrate")
+    assert "--calibrate" not in realexp.command_line(realexp.RealOptions())
