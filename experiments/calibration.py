@@ -52,6 +52,9 @@ class LimitRun:
     """Wall seconds of the whole process (start-up included)."""
     total_cpu_s: float | None = None
     """CPU-seconds the group used over the whole process: at most about limit x wall_s."""
+    allocator: str | None = None
+    """What the workload's memory allocator was ("jemalloc", "default malloc"), read from its process's
+    memory map; None: not recorded (calibrations before 1 Dec 2026)."""
 
     def __post_init__(self) -> None:
         if self.limit_cores is not None and not (math.isfinite(self.limit_cores) and self.limit_cores > 0):
@@ -86,6 +89,8 @@ class LimitRun:
             out["wall_s"] = round(self.wall_s, 3)
         if self.total_cpu_s is not None:
             out["total_cpu_s"] = round(self.total_cpu_s, 3)
+        if self.allocator is not None:
+            out["allocator"] = self.allocator
         return out
 
     @classmethod
@@ -102,6 +107,7 @@ class LimitRun:
             loadavg_after=None if la_a is None else (float(la_a[0]), float(la_a[1]), float(la_a[2])),
             wall_s=None if d.get("wall_s") is None else float(d["wall_s"]),
             total_cpu_s=None if d.get("total_cpu_s") is None else float(d["total_cpu_s"]),
+            allocator=None if d.get("allocator") is None else str(d["allocator"]),
         )
 
 

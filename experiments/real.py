@@ -844,8 +844,11 @@ def calibrate_here(opts: RealOptions, models: Sequence[str], out_dir: Path) -> t
     profile of that month said 1.16). Returns the fitted models (as a profiles file has them) and the file."""
     base = opts.calibration or CalibrationOptions()
     path = out_dir / "profiles.toml"
+    # Containers of the workload image run under jemalloc: measured without it, a profile does not hold
+    # there. The cgroup runtime's workloads run on this host, under what the calibration runs under.
     cal = dataclasses.replace(base, models=",".join(dict.fromkeys(models)), batch_size=opts.batch_size,
-                              resolution=opts.resolution, out=str(path), from_file=None, plot=None, update=None)
+                              resolution=opts.resolution, out=str(path), from_file=None, plot=None, update=None,
+                              require_jemalloc=base.require_jemalloc or opts.runtime == "docker")
     _log(f"calibrating {cal.models} at {cal.batch_size} x {cal.resolution} px before the runs "
          f"(`dqoes calibrate`, limits {cal.limits} cores)")
     res = calibrate(cal, _log)

@@ -257,3 +257,16 @@ def test_figures_are_svg_or_png_only(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match=".svg or .png"):
         render_save(fig, tmp_path / "c.pdf")
+
+
+def test_a_run_keeps_the_allocator_it_ran_under_and_an_older_record_reads_without_one():
+    from experiments.calibrate import allocator_of
+
+    run = LimitRun(0.5, (1.0,), (0.5,), allocator="jemalloc")
+    assert LimitRun.from_dict(run.to_dict()) == run
+    older = {k: v for k, v in run.to_dict().items() if k != "allocator"}
+    assert LimitRun.from_dict(older).allocator is None and "allocator" not in LimitRun(0.5, (1.0,), (0.5,)).to_dict()
+    import os
+
+    assert allocator_of(os.getpid()) in ("jemalloc", "default malloc")
+    assert allocator_of(2**22 + 12345) == "unknown"  # no such process

@@ -6,6 +6,7 @@ skipped with the reason, unless DQOES_REQUIRE_CGROUP=1 (then it fails).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -49,3 +50,37 @@ def test_calibrate_measures_mobilenetv2_under_a_quota(tmp_path: Path, cgroup_roo
     # Leaves no cgroup behind.
     group = cgroupfs.group_at(cgroup_root, f"dqoes-calibrate-{proc.pid}")
     assert not any(d.exists() for d in group.dirs())
+
+
+def test_each_run_records_its_allocator_and_a_calibration_for_the_image_refuses_the_default_one(
+        tmp_path: Path, cgroup_root: Path, monkeypatch):
+    """The workload re-executes itself under jemalloc where it is installed, and the image's containers
+    run under it: each run records what its process had mapped, and a calibration asked to describe
+    the image (`require_jemalloc`, as `experiment real --calibrate` of Docker containers asks) stops at
+    the first run without it, leaving nothing behind."""
+    import pytest
+
+    from experiments.calibrate import CalibrationOptions, calibrate
+    from experiments.common import ExperimentError
+    from services.inference.jemalloc import find_jemalloc
+
+    opts = CalibrationOptions(models="mobilenetv2", limits="0.5", batch_size=2, resolution=64, batches=1, warmup=1,
+                              cgroup_root=str(cgroup_root), out=str(tmp_path / "p.toml"))
+    monkeypatch.setenv("DQOES_NO_JEMALLOC", "1")
+    lines: list[str] = []
+    res = calibrate(opts, lines.append)
+    assert res.summary["calibration"]["allocator"] == "default malloc"
+    assert any(line.startswith("warning: the workloads ran under default malloc, not jemalloc") for line in lines)
+    import tomllib
+
+    (cal,) = calibrations_from_document(tomllib.loads((tmp_path / "p.toml").read_text()))
+    assert [r.allocator for r in cal.runs] == ["default malloc", "default malloc"]
+    with pytest.raises(ExperimentError, match="libjemalloc2"):
+        calibrate(dataclasses.replace(opts, require_jemalloc=True, out=str(tmp_path / "q.toml")), lines.append)
+    assert not (tmp_path / "q.toml").exists()
+    assert not [p for p in cgroup_root.rglob("dqoes-calibrate-*")]
+    if find_jemalloc() is None:
+        return  # what follows needs the library (Debian's libjemalloc2)
+    monkeypatch.delenv("DQOES_NO_JEMALLOC")
+    res = calibrate(dataclasses.replace(opts, require_jemalloc=True), lines.append)
+    assert res.summary["calibration"]["allocator"] == "jemalloc"
