@@ -40,7 +40,7 @@ from typing import Any
 
 import pandas as pd
 
-from experiments.calibrate import CalibrationOptions, calibrate
+from experiments.calibrate import CalibrationOptions, calibrate, parse_models
 from experiments.common import (
     ExperimentError,
     PrivateNats,
@@ -849,6 +849,7 @@ def calibrate_here(opts: RealOptions, models: Sequence[str], out_dir: Path) -> t
     cal = dataclasses.replace(base, models=",".join(dict.fromkeys(models)), batch_size=opts.batch_size,
                               resolution=opts.resolution, out=str(path), from_file=None, plot=None, update=None,
                               require_jemalloc=base.require_jemalloc or opts.runtime == "docker")
+    parse_models(cal.models)  # an unknown model is refused before anything is said or measured
     _log(f"calibrating {cal.models} at {cal.batch_size} x {cal.resolution} px before the runs "
          f"(`dqoes calibrate`, limits {cal.limits} cores)")
     res = calibrate(cal, _log)
@@ -991,9 +992,6 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
     out_dir = Path(opts.out or f"runs/real-{time.strftime('%Y%m%d-%H%M%S')}")
     measured = None
     if opts.calibrate:
-        for m in models:
-            if m not in BUILTIN_PROFILES:
-                raise ExperimentError(f"--models: no profile for {m!r}")
         out_dir.mkdir(parents=True, exist_ok=True)
         measured, path = calibrate_here(opts, models, out_dir)
         profiles, profiles_name = load_profiles(str(path))

@@ -75,3 +75,11 @@ def test_a_calibrating_run_works_its_objectives_out_from_what_it_measured_here(t
     assert d["command"].endswith(" --calibrate")
     assert "measured on this machine in the same call" in res.markdown
     assert res.summary["real"]["learned"]["met_final"] >= 0
+
+
+def test_a_calibrating_run_refuses_an_unknown_model_before_it_measures_anything(tmp_path, capsys):
+    from experiments.common import ExperimentError
+
+    with pytest.raises(ExperimentError, match="unknown model 'nosuch'"):
+        run(RealOptions(runtime="cgroup", models="nosuch", calibrate=True, out=str(tmp_path)))
+    assert list(tmp_path.iterdir()) == [] and "calibrating" not in capsys.readouterr().err
