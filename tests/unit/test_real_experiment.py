@@ -15,7 +15,7 @@ import pytest
 from experiments import real as realexp
 from experiments.calibration import LimitRun, ModelCalibration, fit_profile
 from services.cli.main import main
-from shared.core.profiles import BUILTIN_PROFILES
+from shared.core.profiles import BUILTIN_PROFILES, ModelProfile
 
 
 def resnet_profile():
@@ -285,18 +285,75 @@ def test_the_oracle_again_with_the_work_per_batch_each_run_measured(tmp_path, ca
             dict(_batch(40.0, "c01", 9.0, index=0), cpu_s=9.0 * work),  # the warm-up: left out
             dict(_batch(41.0, "c02", 3.0), cpu_s=None)]  # no CPU reading: left out
     rows += [dict(_batch(60.0 + 3 * i, "c01", 3.0 + 0.1 * i), cpu_s=v) for i, v in enumerate(half)]
-    assert realexp.measured_work(d, rows) == {"resnet50": round(0.5 * work, 4)}
+    measured = realexp.measured_work(d, rows, BUILTIN_PROFILES)
+    assert {m: f.work_cpu_s for m, f in measured.items()} == {"resnet50": round(0.5 * work, 4)}
     # c01 asks for 0.8 x its fastest batch under the profile: out of reach, until a batch costs half.
     calibrated = realexp.oracle_with_work(d, BUILTIN_PROFILES, {"resnet50": work}, None)
     halved = realexp.oracle_with_work(d, BUILTIN_PROFILES, {"resnet50": 0.5 * work}, 0.05)
     assert (calibrated["met"], halved["met"]) == (1, 2)
     assert calibrated["under_noise"] is None and halved["under_noise"]["met_expected"] > 1.5
     src, rec, got = _completed_from_records(tmp_path, capsys, d, rows)
-    assert got["oracle_measured_work"] == realexp.oracle_with_work(
-        d, BUILTIN_PROFILES, {"resnet50": round(0.5 * work, 4)}, got["noise"]["sd"])
+    assert got["oracle_measured_work"] == realexp.oracle_with_work(d, BUILTIN_PROFILES, measured, got["noise"]["sd"])
+    assert got["oracle_measured_work"]["work_cpu_s"] == {"resnet50": round(0.5 * work, 4)}
     assert main(["experiment", "real", "--from", str(src), "--records", str(rec)]) == 0
     assert f"learned: resnet50 {0.5 * work:.3g} s (profile {work:.3g}); bound 2 / " in capsys.readouterr().out
     assert json.loads(src.read_text()) == d  # reading back changes no file
+
+
+QUOTA_PROFILE = ModelProfile("resnet50", 1.0, threads=1, efficiency=((0.5, 1.4), (1.0, 1.0)), batch_images=100)
+"""Work 1 CPU-s a batch under no quota, 1.4 under half a core (the 16-core host's profile said 1.38)."""
+
+
+def _steady(name, at_s, cost_s, cores, n):
+    """`n` back-to-back batches of `name` from `at_s`, each `cost_s` CPU-seconds under `cores`."""
+    lat = cost_s / min(cores, 1.0)
+    return [dict(_batch(at_s + lat * (i + 1), name, lat), cpu_s=cost_s) for i in range(n)]
+
+
+def test_a_runs_work_counts_the_cost_of_its_quota_once():
+    # c01 ran under half a core at 1.1 CPU-s a batch, c02 under no quota at 1.0. The profile says a half-core
+    # quota costs 1.4 x: the run's batches say 1.1 x. Until 1 Dec the median of every batch (1.0) was taken
+    # for the work before any quota and the profile's 1.4 applied on top: 1.4 CPU-s under half a core.
+    d = _older_summary()
+    rows = [_decision(0.0, {"c01": 0.25, "c02": None})]
+    rows += _steady("c01", 1.0, 1.1, 0.5, 12) + _steady("c02", 1.0, 1.0, 2.0, 13)
+    fitted = realexp.measured_work(d, rows, {"resnet50": QUOTA_PROFILE})["resnet50"]
+    assert fitted.work_cpu_s == pytest.approx(1.0)
+    assert fitted.work_cpu_s * fitted.cpu_multiplier(0.5) == pytest.approx(1.1)
+    assert fitted.efficiency == ((0.5, 1.1), (1.0, 1.0))
+    mw = realexp.oracle_with_work(d, {"resnet50": QUOTA_PROFILE}, {"resnet50": fitted}, None)
+    assert mw["efficiency"] == {"resnet50": [[0.5, 1.1], [1.0, 1.0]]}
+    assert mw["profile_efficiency"] == {"resnet50": [[0.5, 1.4], [1.0, 1.0]]}
+    assert realexp._quota_cost(mw, "resnet50") == ", x1.1 under 0.5 cores (profile x1.4)"
+
+
+def test_a_run_seen_only_under_a_quota_keeps_the_profiles_shape_and_its_own_cost_there():
+    # Every batch under half a core (this machine's Docker node runs every limit under a core): what a
+    # batch costs with no quota cannot be told apart from the quota's cost, so the profile's shape
+    # stays and the run's cost under half a core is its median there. A batch whose limit changed
+    # while it ran (a tenfold CPU reading here) and one before any decision count nowhere.
+    d = _older_summary()
+    rows = [dict(_batch(0.5, "c01", 0.4), cpu_s=9.0), _decision(1.0, {"c01": 0.25, "c02": 0.25})]
+    rows += _steady("c01", 1.0, 1.1, 0.5, 4) + _steady("c02", 1.0, 1.2, 0.5, 4)
+    rows += [_decision(60.0, {"c01": 0.3}), dict(_batch(60.5, "c01", 2.0), cpu_s=11.0)]
+    for many in (False, True):  # too few batches for the point alone: every batch scales the profile
+        fitted = realexp.measured_work(d, rows, {"resnet50": QUOTA_PROFILE})["resnet50"]
+        assert fitted.efficiency == QUOTA_PROFILE.efficiency
+        assert fitted.work_cpu_s * fitted.cpu_multiplier(0.5) == pytest.approx(1.15 if not many else 1.1, abs=1e-3)
+        rows = rows[:2] + _steady("c01", 1.0, 1.1, 0.5, 11) + rows[2:]
+
+
+def test_a_fitted_quota_curve_never_costs_less_under_a_smaller_quota():
+    # Two threads: a one-core quota throttles too. Batches cost 1.0 under half a core and 1.2 under one:
+    # read as they come, half a core would be the cheaper; the curve takes the larger cost for both.
+    p = ModelProfile("resnet50", 1.0, threads=2, efficiency=((0.5, 1.4), (1.0, 1.0)), batch_images=100)
+    d = _older_summary()
+    rows = [_decision(0.0, {"c01": 0.25, "c02": 0.5})]
+    rows += _steady("c01", 1.0, 1.0, 0.5, 10) + _steady("c02", 1.0, 1.2, 1.0, 10)
+    rows += [_decision(30.0, {"c02": None})] + _steady("c02", 30.0, 1.0, 2.0, 10)
+    fitted = realexp.measured_work(d, rows, {"resnet50": p})["resnet50"]
+    assert fitted.work_cpu_s == pytest.approx(1.0)
+    assert fitted.efficiency == ((0.5, 1.2), (1.0, 1.2))
 
 
 def test_a_sigterm_dropped_while_a_process_starts_still_stops_the_run(tmp_path):
