@@ -549,8 +549,8 @@ def measured_work(d: dict[str, Any], rows: Sequence[dict[str, Any]],
     hold either (the 16-core host's profile has ResNet-50 at 1.38 x its work under half a core; its
     runs, about 1.1 x) it asked for more cores than the runs needed. Here each batch counts towards the
     point of the profile's quota curve nearest its limit (or towards no quota, at or above its threads),
-    and each point with WORK_MIN_BATCHES batches takes the run's median there; the others keep the
-    profile's shape from the nearest measured point. With no point that well measured, every batch
+    and each point with WORK_MIN_BATCHES batches takes the run's median there (points that read cheaper
+    under a smaller quota pooled); the others keep the profile's shape from the nearest measured point. With no point that well measured, every batch
     scales the profile alike (the median of its CPU-seconds over what the profile says at its limit)."""
     model = {c["name"]: c["model"] for c in d["containers"]}
     seen: dict[str, list[tuple[float | None, float]]] = {}
@@ -575,19 +575,40 @@ def _fitted_profile(p: ModelProfile, batches: Sequence[tuple[float | None, float
         g = len(knots) if free else min(range(len(knots)), key=lambda k: abs(knots[k] - cores))
         groups.setdefault(g, []).append(cpu_s)
         ratios.append(cpu_s / (p.work_cpu_s * p.cpu_multiplier(cores)))
-    said = [1.0 for _ in knots] + [1.0]
     profile_cost = [p.work_cpu_s * m for _, m in p.efficiency] + [p.work_cpu_s]
-    measured = {g: statistics.median(v) / profile_cost[g] for g, v in groups.items() if len(v) >= WORK_MIN_BATCHES}
-    if not measured:
+    well = sorted(g for g, v in groups.items() if len(v) >= WORK_MIN_BATCHES)
+    if not well:
         return dataclasses.replace(p, work_cpu_s=round(p.work_cpu_s * statistics.median(ratios), 4))
-    for g in range(len(said)):
-        said[g] = measured[min(measured, key=lambda h: (abs(h - g), -h))]
+    costs = _never_cheaper_under_less([statistics.median(groups[g]) for g in well], [len(groups[g]) for g in well])
+    measured = {g: c / profile_cost[g] for g, c in zip(well, costs, strict=True)}
+    said = [measured[min(measured, key=lambda h: (abs(h - g), -h))] for g in range(len(knots) + 1)]
     work = p.work_cpu_s * said[-1]
     mult = [max(1.0, m * said[k] / said[-1]) for k, (_, m) in enumerate(p.efficiency)]
     for k in range(len(mult) - 2, -1, -1):
         mult[k] = max(mult[k], mult[k + 1])  # a smaller quota never costs less
     return dataclasses.replace(p, work_cpu_s=round(work, 4),
                                efficiency=tuple((c, round(m, 4)) for c, m in zip(knots, mult, strict=True)))
+
+
+def _never_cheaper_under_less(costs: Sequence[float], weights: Sequence[int]) -> list[float]:
+    """`costs` (a batch's CPU-seconds at points of rising limit) made never to rise with the limit, as
+    close to them as that allows (pool adjacent violators, each point weighted by its batches).
+
+    Why: a quota never makes a batch cheaper, so a point that reads cheaper than one of a larger limit
+    is noise or the host's speed moving between the two (on 1 Dec a fresh 2-core machine's MobileNetV2
+    batches cost 0.22 CPU-s during calibration and 0.15-0.17 through the runs half an hour later; the
+    eleven batches a run had at half a core came early, and the 1,600 at 0.2-0.3 cores, later, cost a
+    quarter less). Pooled, the many batches decide; read apart, the few set the work and the many were
+    clamped up to it."""
+    blocks: list[list[float]] = []  # [weighted sum, weight, points]
+    for c, w in zip(costs, weights, strict=True):
+        blocks.append([c * w, float(w), 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            s2, w2, n2 = blocks.pop()
+            blocks[-1][0] += s2
+            blocks[-1][1] += w2
+            blocks[-1][2] += n2
+    return [b[0] / b[1] for b in blocks for _ in range(int(b[2]))]
 
 
 PROFILE_OFF = 0.25
