@@ -664,17 +664,18 @@ def add_noise_bounds(d: dict[str, Any], records: dict[str, Sequence[dict[str, An
     for p, r in d["real"].items():
         if p not in records:
             continue
-        if "noise" not in r:
-            try:
+        try:
+            if "noise" not in r:
                 r["noise"] = measured_noise(records[p], d["duration_s"] / 2)
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                raise ExperimentError(f"the record of {p} is not as `dqoes experiment real --out` writes it "
-                                      f"({type(e).__name__}: {e})") from None
-            if r["noise"] is not None:
-                r["oracle_under_noise"] = oracle_under_noise(d, profiles, r["noise"]["sd"])
-        # Recomputed where an older summary has it: until 1 Dec it took a batch's CPU-seconds for the
-        # work before any quota, and the oracle counted the quota twice (`measured_work`).
-        work = None if "efficiency" in (r.get("oracle_measured_work") or {}) else measured_work(d, records[p], profiles)
+                if r["noise"] is not None:
+                    r["oracle_under_noise"] = oracle_under_noise(d, profiles, r["noise"]["sd"])
+            # Recomputed where an older summary has it: until 1 Dec it took a batch's CPU-seconds for
+            # the work before any quota, and the oracle counted the quota twice (`measured_work`).
+            work = None if "efficiency" in (r.get("oracle_measured_work") or {}) else measured_work(
+                d, records[p], profiles)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ExperimentError(f"the record of {p} is not as `dqoes experiment real --out` writes it "
+                                  f"({type(e).__name__}: {e})") from None
         if work:
             r["oracle_measured_work"] = oracle_with_work(d, profiles, work, (r.get("noise") or {}).get("sd"))
         if "second_half_batches" not in r:

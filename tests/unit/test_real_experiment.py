@@ -274,6 +274,21 @@ def test_an_older_summary_gets_its_noise_from_the_records(tmp_path, capsys):
         assert says in err and "Traceback" not in err and not md.exists()
 
 
+def test_a_bad_record_is_named_when_only_the_measured_work_reads_it(tmp_path, capsys):
+    # The summary has its noise already, so only the work per batch reads the decisions: a decision
+    # without its new limit is an error that names the record, not the summary, and writes nothing.
+    d = _older_summary()
+    d["real"]["learned"]["noise"] = {"sd": 0.05, "batches": 3}
+    src, rec, md = tmp_path / "summary.json", tmp_path / "run", tmp_path / "r.md"
+    src.write_text(json.dumps(d))
+    rec.mkdir()
+    rows = [{"kind": "decision", "t_s": 0.0, "containers": {"c01": {}}}, dict(_batch(60.0, "c01", 3.0), cpu_s=1.0)]
+    (rec / "learned.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    assert main(["experiment", "real", "--from", str(src), "--records", str(rec), "--update", str(md)]) == 2
+    err = capsys.readouterr().err
+    assert "the record of learned is not as" in err and "Traceback" not in err and not md.exists()
+
+
 def test_the_oracle_again_with_the_work_per_batch_each_run_measured(tmp_path, capsys):
     # The calibrated profiles can be off for the machine a run had (on the 16-core host a batch took
     # 10-35 % less CPU than calibrated): beside the profiles' oracle, the same oracle with each model's
