@@ -550,8 +550,9 @@ def measured_work(d: dict[str, Any], rows: Sequence[dict[str, Any]],
     runs, about 1.1 x) it asked for more cores than the runs needed. Here each batch counts towards the
     point of the profile's quota curve nearest its limit (or towards no quota, at or above its threads),
     and each point with WORK_MIN_BATCHES batches takes the run's median there (points that read cheaper
-    under a smaller quota pooled); the others keep the profile's shape from the nearest measured point. With no point that well measured, every batch
-    scales the profile alike (the median of its CPU-seconds over what the profile says at its limit)."""
+    under a smaller quota pooled); the others keep the profile's shape from the nearest measured point.
+    With no point that well measured, every batch scales the profile alike (the median of its
+    CPU-seconds over what the profile says at its limit)."""
     model = {c["name"]: c["model"] for c in d["containers"]}
     seen: dict[str, list[tuple[float | None, float]]] = {}
     for r, stretch, limit in _steady_batches(rows, 0.0):
@@ -569,16 +570,15 @@ def _fitted_profile(p: ModelProfile, batches: Sequence[tuple[float | None, float
     knots = [c for c, _ in p.efficiency]
     # Point index per batch: len(knots) stands for "no quota held it".
     groups: dict[int, list[float]] = {}
-    ratios = []
     for cores, cpu_s in batches:
         free = cores is None or cores >= p.threads_at(cores) or not knots
         g = len(knots) if free else min(range(len(knots)), key=lambda k: abs(knots[k] - cores))
         groups.setdefault(g, []).append(cpu_s)
-        ratios.append(cpu_s / (p.work_cpu_s * p.cpu_multiplier(cores)))
     profile_cost = [p.work_cpu_s * m for _, m in p.efficiency] + [p.work_cpu_s]
     well = sorted(g for g, v in groups.items() if len(v) >= WORK_MIN_BATCHES)
     if not well:
-        return dataclasses.replace(p, work_cpu_s=round(p.work_cpu_s * statistics.median(ratios), 4))
+        ratio = statistics.median(cpu_s / (p.work_cpu_s * p.cpu_multiplier(cores)) for cores, cpu_s in batches)
+        return dataclasses.replace(p, work_cpu_s=round(p.work_cpu_s * ratio, 4))
     costs = _never_cheaper_under_less([statistics.median(groups[g]) for g in well], [len(groups[g]) for g in well])
     measured = {g: c / profile_cost[g] for g, c in zip(well, costs, strict=True)}
     said = [measured[min(measured, key=lambda h: (abs(h - g), -h))] for g in range(len(knots) + 1)]
@@ -637,21 +637,19 @@ def profiles_off(d: dict[str, Any]) -> list[str]:
     return out
 
 
-def oracle_with_work(d: dict[str, Any], profiles: dict[str, ModelProfile], work: Mapping[str, float | ModelProfile],
+def oracle_with_work(d: dict[str, Any], profiles: dict[str, ModelProfile], fitted: Mapping[str, ModelProfile],
                      sd: float | None, alpha: float = DEFAULT_ALPHA) -> dict[str, Any]:
-    """The oracle on the run's node with each model's profile as a run measured it (`measured_work`;
-    a number: its work per batch, the profile's quota curve kept): its noise-free bound (met / in band)
-    and, with `sd`, the oracle under that noise (as `oracle_under_noise`, with these profiles)."""
-    fitted = {m: w if isinstance(w, ModelProfile) else dataclasses.replace(profiles[m], work_cpu_s=w)
-              for m, w in work.items() if m in profiles}
+    """The oracle on the run's node with each model's profile as a run measured it (`measured_work`):
+    its noise-free bound (met / in band) and, with `sd`, the oracle under that noise (as
+    `oracle_under_noise`, with these profiles)."""
+    fitted = {m: f for m, f in fitted.items() if m in profiles}
     measured = {m: fitted.get(m, p) for m, p in profiles.items()}
     plan = plan_node(_oracle_items(d, measured, alpha), d["cores"])
-    out: dict[str, Any] = {"work_cpu_s": {m: p.work_cpu_s for m, p in fitted.items()},
-                           "profile_work_cpu_s": {m: round(profiles[m].work_cpu_s, 4) for m in fitted}}
-    if any(isinstance(w, ModelProfile) for w in work.values()):
-        out["efficiency"] = {m: [list(x) for x in p.efficiency] for m, p in fitted.items()}
-        out["profile_efficiency"] = {m: [list(x) for x in profiles[m].efficiency] for m in fitted}
-    return {**out, "met": plan.met_count, "in_band": plan.count,
+    return {"work_cpu_s": {m: f.work_cpu_s for m, f in fitted.items()},
+            "profile_work_cpu_s": {m: round(profiles[m].work_cpu_s, 4) for m in fitted},
+            "efficiency": {m: [list(x) for x in f.efficiency] for m, f in fitted.items()},
+            "profile_efficiency": {m: [list(x) for x in profiles[m].efficiency] for m in fitted},
+            "met": plan.met_count, "in_band": plan.count,
             "under_noise": None if sd is None else oracle_under_noise(d, measured, sd, alpha)}
 
 

@@ -6,6 +6,7 @@ experiment (docs/results.md), not a test.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import xml.etree.ElementTree as ET
@@ -100,7 +101,8 @@ def test_real_experiment_renders_a_summary(tmp_path, capsys):
     assert "do not hold on this machine" not in text
     # A run whose batches cost half again the profile's work: the section says the profile is off.
     work = profiles["resnet50"].work_cpu_s * 1.5
-    d["real"]["dqoes"]["oracle_measured_work"] = realexp.oracle_with_work(d, profiles, {"resnet50": work}, None)
+    heavier = {"resnet50": dataclasses.replace(profiles["resnet50"], work_cpu_s=work)}
+    d["real"]["dqoes"]["oracle_measured_work"] = realexp.oracle_with_work(d, profiles, heavier, None)
     assert f"resnet50 measured {work:.3g} CPU-s a batch" in realexp.render_markdown(d, None)
     # A run with CPU weights from the limits says so (the command of one run with them by default does not).
     weights = "CPU weight from its limit as well as its quota"
@@ -303,8 +305,11 @@ def test_the_oracle_again_with_the_work_per_batch_each_run_measured(tmp_path, ca
     measured = realexp.measured_work(d, rows, BUILTIN_PROFILES)
     assert {m: f.work_cpu_s for m, f in measured.items()} == {"resnet50": round(0.5 * work, 4)}
     # c01 asks for 0.8 x its fastest batch under the profile: out of reach, until a batch costs half.
-    calibrated = realexp.oracle_with_work(d, BUILTIN_PROFILES, {"resnet50": work}, None)
-    halved = realexp.oracle_with_work(d, BUILTIN_PROFILES, {"resnet50": 0.5 * work}, 0.05)
+    def at(w):
+        return {"resnet50": dataclasses.replace(BUILTIN_PROFILES["resnet50"], work_cpu_s=w)}
+
+    calibrated = realexp.oracle_with_work(d, BUILTIN_PROFILES, at(work), None)
+    halved = realexp.oracle_with_work(d, BUILTIN_PROFILES, at(0.5 * work), 0.05)
     assert (calibrated["met"], halved["met"]) == (1, 2)
     assert calibrated["under_noise"] is None and halved["under_noise"]["met_expected"] > 1.5
     src, rec, got = _completed_from_records(tmp_path, capsys, d, rows)
