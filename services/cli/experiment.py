@@ -501,7 +501,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                    "docs/calibration/profiles.toml, else the built-ins)")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this machine's profiles for the run's models first (`dqoes calibrate` at the "
-                   "run's batch size and resolution; about a minute and a quarter for ResNet-50 and MobileNetV2 on a 2-core "
+                   "run's batch size and resolution; one to two minutes for ResNet-50 and MobileNetV2 on a 2-core "
                    "machine) and work the objectives, the "
                    "forecast and the bounds out from them; written to OUT/profiles.toml and kept in the summary")
     p.add_argument("--image", default=d.image, help="inference image")
