@@ -528,7 +528,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "files named) and tabulate each policy run: met, in band and CPU spent, the oracle's bound, the "
         "second-half means beside what the oracle expects under the noise that run measured, and for the learned "
         "allocator per kind of node how many runs met at least default's count and kept in band at least the "
-        "bound less one. Runs nothing.",
+        "bound less one, and at least the in-band count of the oracle under the run's noise less one. Runs nothing.",
         epilog="example: dqoes experiment real-index docs/data --update docs/results.md")
     p.add_argument("paths", nargs="*", default=["docs/data"], metavar="PATH",
                    help="summaries, or directories of real-*.json (default docs/data)")

@@ -19,8 +19,9 @@ def summary(started: str, runs: dict[str, dict], bound=(4, 4), cores=2.0, runtim
         if "half" in r:
             real[p]["met_mean_second_half"], real[p]["satisfied_mean_second_half"] = r["half"]
         if "expected" in r:
-            real[p]["oracle_under_noise"] = {"met": 0, "in_band": 0, "met_expected": r["expected"][0],
-                                             "in_band_expected": r["expected"][1]}
+            real[p]["oracle_under_noise"] = {"met_expected": r["expected"][0], "in_band_expected": r["expected"][1]}
+            if "count" in r:  # the oracle's lower median in band under the noise
+                real[p]["oracle_under_noise"]["in_band"] = r["count"]
     return {"started_at": f"{started} UTC", "runtime": runtime, "cores": cores,
             "containers": [{"name": f"c{i:02d}"} for i in range(n)], "real": real,
             "sim": {p: {"oracle_met": bound[0], "oracle_satisfied": bound[1]} for p in runs}}
@@ -77,8 +78,34 @@ def test_the_summary_counts_the_learned_runs_per_kind_of_node_and_not_its_varian
         ("real-a", "in band", 2.0, 2.5), ("real-a", "met", 3.0, 3.0),
         ("real-b", "in band", 1.0, 2.0), ("real-b", "met", 2.0, 4.0)]
     md = real_index.render_markdown(rows, real_index.summarise(rows), "data")
-    assert "| docker, 2 cores, 5 containers | 2 | 1 of 1 | 1 of 2 | 0.65 (0.50-0.80; 2 runs) |" in md
+    assert "| docker, 2 cores, 5 containers | 2 | 1 of 1 | 1 of 2 | 0 of 0 | 0.65 (0.50-0.80; 2 runs) |" in md
     assert "| [real-host](data/real-host.json) | 2026-11-27 11:00 | cgroup, 8 cores, 16 containers | learned | 13 / 5 |" in md
+
+
+def test_in_band_is_also_checked_against_the_oracles_count_under_the_runs_noise():
+    # A noisy draw: the noise-free bound is 4, the oracle under the run's noise keeps 2 in band (lower median).
+    noisy = summary("2026-11-27 09:00", {"learned": {"met": 4, "band": 1, "expected": (3.9, 2.3), "count": 2},
+                                         "default": {"met": 2, "band": 0, "expected": (3.0, 1.2), "count": 3}})
+    rows = {r["policy"]: r for r in real_index.run_rows("real-a", noisy)}
+    assert rows["learned"]["in_band_within_one_of_bound"] is False  # 1 < 4 - 1
+    assert rows["learned"]["in_band_within_one_of_expected"] is True  # 1 >= 2 - 1
+    assert rows["default"]["in_band_within_one_of_expected"] is False  # 0 < 3 - 1
+    # Measured work is preferred here too; a summary without the count is not counted either way.
+    noisy["real"]["learned"]["oracle_measured_work"] = {"under_noise": {"met_expected": 3.9, "in_band_expected": 3.1,
+                                                                        "in_band": 3}}
+    assert real_index.run_rows("real-a", noisy)[0]["in_band_within_one_of_expected"] is False  # 1 < 3 - 1
+    older = summary("2026-11-26 09:00", {"learned": {"met": 4, "band": 3, "expected": (3.9, 2.3)}})
+    (old,) = real_index.run_rows("real-b", older)
+    assert old["in_band_within_one_of_expected"] is None and old["expected_in_band_count"] is None
+    both = real_index.run_rows("real-a", summary("2026-11-27 09:00", {"learned": {"met": 4, "band": 1,
+                                                                                   "expected": (3.9, 2.3), "count": 2}}))
+    (kind,) = real_index.summarise(both + [old])
+    assert (kind["in_band_within_one_of_expected"], kind["with_expected_count"]) == (1, 1)
+    assert (kind["in_band_within_one_of_bound"], kind["with_bound"]) == (1, 2)
+    md = real_index.render_markdown(both + [old], [kind], "data")
+    assert "| docker, 2 cores, 5 containers | 2 | 0 of 0 | 1 of 2 | 1 of 1 |" in md
+    assert "| 3.90 / 2.30 (2) | - | no | yes |" in md
+    assert "| 3.90 / 2.30 | - | yes | - |" in md
 
 
 def test_runs_with_cpu_weights_count_as_a_kind_of_node_of_their_own():
