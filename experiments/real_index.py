@@ -71,10 +71,15 @@ def run_rows(name: str, d: dict[str, Any]) -> list[dict[str, Any]]:
             "default_met": None if policy == "default" else default_met,
             "met_not_below_default": None if policy == "default" or default_met is None or met is None
             else met >= default_met,
-            "in_band_within_one_of_bound": None if bound_band is None or band is None else band >= bound_band - 1,
-            "in_band_within_one_of_expected": None if ex_band is None or band is None else band >= ex_band - 1,
+            "in_band_within_one_of_bound": _within_one(band, bound_band),
+            "in_band_within_one_of_expected": _within_one(band, ex_band),
         })
     return rows
+
+
+def _within_one(got: float | None, of: float | None) -> bool | None:
+    """At least `of` less one (None where either is not known)."""
+    return None if got is None or of is None else got >= of - 1
 
 
 WHAT = "a summary `dqoes experiment real` writes"
@@ -174,8 +179,9 @@ def render_markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, 
                  "lower median, as a plateau counts), which a noisy draw can fall below the bound by.")
     lines.append("")
     lines.append("| node | learned runs | met at least default's (runs beside default) | in band at least the bound "
-                 "less one | in band at least the oracle's count under the run's noise less one | second-half in band / oracle under the run's noise: median (range) | second-half met / "
-                 "that oracle: median (range) |")
+                 "less one | in band at least the oracle's count under the run's noise less one | second-half in "
+                 "band / oracle under the run's noise: median (range) | second-half met / that oracle: median "
+                 "(range) |")
     lines.append("|---|---|---|---|---|---|---|")
     for s in summary:
         lines.append(f"| {s['node']} | {s['runs']} | {s['met_not_below_default']} of {s['beside_default']} | "
@@ -185,8 +191,8 @@ def render_markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, 
                      f"{_median(s, 'met_over_expected')} |")
     lines.append("")
     lines.append("| run | started (UTC) | node | policy | met / in band | CPU spent (cores) | bound: met / in band "
-                 "| second half: met / in band | oracle under its noise expects: met / in band (its in-band count) | met at "
-                 "least default's | in band at least the bound less one | in band at least that oracle's count "
+                 "| second half: met / in band | oracle under its noise expects: met / in band (its in-band "
+                 "count) | met at least default's | in band at least the bound less one | in band at least that oracle's count "
                  "less one |")
     lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
