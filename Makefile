@@ -35,6 +35,7 @@ demo: setup
 lint: setup
 	$(BIN)/lint-imports
 	$(BIN)/ruff check shared services dashboard experiments tests bench
+	$(BIN)/mypy
 
 test: lint
 	$(BIN)/python -m pytest

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {}
     for name in names:
         mod = importlib.import_module(SUITES[name])
-        print(f"== {name}: {mod.__doc__.strip().splitlines()[0]}")
+        print(f"== {name}: {(mod.__doc__ or name).strip().splitlines()[0]}")
         results[name] = mod.run()
     if args.json:
         print(orjson.dumps(results).decode())

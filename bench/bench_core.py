@@ -58,7 +58,7 @@ def run() -> dict:
     for k in range(51):
         for v in vs:  # what arrives between rounds: not part of the round
             totals[v.name] += 0.64 * 10 * rng.uniform(0.5, 1.5)
-            ctrl.record_latency(v.name, v.latency_s * rng.uniform(0.9, 1.1))
+            ctrl.record_latency(v.name, (v.latency_s or v.objective_s) * rng.uniform(0.9, 1.1))
         t0 = time.perf_counter()
         ctrl.run_round(10.0 * (k + 1), totals)
         if k:

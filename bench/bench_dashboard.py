@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import altair as alt
 
@@ -37,7 +38,7 @@ def history(label: str = "dqoes", seed: int = 1, origin: TimeOrigin | None = Non
     return h
 
 
-def to_browser(chart: alt.TopLevelMixin) -> None:
+def to_browser(chart: Any) -> None:
     """Serialize a chart as `st.altair_chart` does (Vega-Lite spec, data as Arrow)."""
     try:
         from streamlit.elements.vega_charts import _convert_altair_to_vega_lite_spec
@@ -63,7 +64,8 @@ def points(figs: list[views.Figures]) -> int:
     total = 0
     for f in figs:
         for chart in (f.satisfied, f.q, f.cpu, f.interval):
-            total += len(chart.data) if hasattr(chart.data, "__len__") else 0
+            data_rows: Any = chart.data
+            total += len(data_rows) if hasattr(data_rows, "__len__") else 0
     return total
 
 

@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from bench.common import cpu_seconds, median, pct, report
 from experiments.common import PrivateNats
@@ -176,7 +177,7 @@ def worker_cpu(url: str, creds: Path, d: Path, warm_s: float, span_s: float) -> 
 
 
 def run() -> dict:
-    res = {}
+    res: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp, PrivateNats(["n1"]) as nats:
         _run(res, nats, Path(tmp))
     return res

@@ -104,7 +104,7 @@ def summary_sentence(a: TrainingRun, b: TrainingRun) -> str:
         return "no change" if not y else f"{100 * (x - y) / y:+.1f}%"
     ma, mb = a.result.get("makespan_s"), b.result.get("makespan_s")
     ca, cb = a.result.get("mean_completion_s"), b.result.get("mean_completion_s")
-    if None in (ma, mb, ca, cb):
+    if ma is None or mb is None or ca is None or cb is None:
         return "One of the runs has no result row (it did not finish)."
     return (f"{a.policy}: makespan {ma:.1f} s, mean completion {ca:.1f} s; {b.policy}: {mb:.1f} s and {cb:.1f} s. "
             f"{a.policy} vs {b.policy}: makespan {pct(ma, mb)}, mean completion {pct(ca, cb)}.")

@@ -211,8 +211,8 @@ def objective_form(col: Any, coll: Collector | None, labels: Sequence[str]) -> N
         replies = forms.submit(container, objective, alpha, to, send)
         st.session_state["objective_reply"] = replies
     elif clear:
-        send = coll.request_clear if coll is not None else None
-        st.session_state["objective_reply"] = forms.submit_clear(container, to, send)
+        send_clear = coll.request_clear if coll is not None else None
+        st.session_state["objective_reply"] = forms.submit_clear(container, to, send_clear)
     for label, reply in st.session_state.get("objective_reply", []):
         where = f"{label}: " if label and len(labels) > 1 else ""
         if reply.get("answered") is False:  # checked here, or never reached a manager

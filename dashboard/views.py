@@ -708,7 +708,7 @@ def outcome(run: RunData, summary: pd.DataFrame | None = None) -> Outcome:
     if isinstance(res.get("satisfied_final"), int):
         window = res.get("final_window_s")
         how = f"plateau of the last {window:g} s" if isinstance(window, int | float) else "final"
-        met = res.get("met_final")
+        met_final = res.get("met_final")
         cpu = res.get("cpu_cores_final")
         return Outcome(
             name,
@@ -716,7 +716,7 @@ def outcome(run: RunData, summary: pd.DataFrame | None = None) -> Outcome:
             int(res["satisfied_final"]),
             int(res.get("containers") or run.containers_total),
             how,
-            met=met if isinstance(met, int) else None,
+            met=met_final if isinstance(met_final, int) else None,
             cpu_cores=float(cpu) if isinstance(cpu, int | float) else None,
             cores=float(res.get("cores_total") or 0) or cores,
         )

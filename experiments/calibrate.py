@@ -248,7 +248,7 @@ def machine_meta(opts: CalibrationOptions) -> dict[str, Any]:
     except metadata.PackageNotFoundError:
         torch_version = "not installed"
     try:
-        cgroup = cgroupfs.detect_layout(opts.cgroup_root)
+        cgroup: str = cgroupfs.detect_layout(opts.cgroup_root)
     except OSError:
         cgroup = "none"
     return {

@@ -10,7 +10,7 @@ import shutil
 import signal
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,7 @@ def record_stem(label: str) -> str:
     return label.replace(":", "+")
 
 
-def batch_finished_s(row: dict[str, Any], read_s: float | None = None) -> float:
+def batch_finished_s(row: Mapping[str, Any], read_s: float | None = None) -> float:
     """When a recorded batch row finished, on the run's clock: read at `read_s` (default: its `t_s`), less
     the lag its `finished_s` stamp gives (records since 27 Nov have one), by the rule the worker stamps
     batches with (`finished_on_clock`: a lag that is not positive or is too long is not believed)."""

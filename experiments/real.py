@@ -508,11 +508,17 @@ def batches_by_container(d: dict[str, Any], rows: Sequence[dict[str, Any]], from
     return out
 
 
+def _nearest(knots: Sequence[float], cores: float) -> int:
+    """The index of the knot nearest to `cores`."""
+    return min(range(len(knots)), key=lambda k: abs(knots[k] - cores))
+
+
 def _oracle_items(d: dict[str, Any], profiles: dict[str, ModelProfile], alpha: float) -> list[OracleItem]:
     """The run's containers as the oracle sees them, each with its profile from `profiles`."""
     specs = [ContainerSpec(c["name"], c["model"], c["objective_s"], 0.0, "node", threads=1) for c in d["containers"]]
     sc = sim_scenario(specs, profiles, d["cores"], d["duration_s"], follows=d.get("threads_follow") is True)
-    return [OracleItem(c.name, c.objective_s, alpha, sc.profile_of(c)) for c in sc.containers]
+    return [OracleItem(c.name, float(c.objective_s), alpha, sc.profile_of(c))
+            for c in sc.containers if c.objective_s is not None]
 
 
 def oracle_under_noise(d: dict[str, Any], profiles: dict[str, ModelProfile], sd: float,
@@ -572,7 +578,7 @@ def _fitted_profile(p: ModelProfile, batches: Sequence[tuple[float | None, float
     groups: dict[int, list[float]] = {}
     for cores, cpu_s in batches:
         free = cores is None or cores >= p.threads_at(cores) or not knots
-        g = len(knots) if free else min(range(len(knots)), key=lambda k: abs(knots[k] - cores))
+        g = len(knots) if free or cores is None else _nearest(knots, cores)
         groups.setdefault(g, []).append(cpu_s)
     profile_cost = [p.work_cpu_s * m for _, m in p.efficiency] + [p.work_cpu_s]
     well = sorted(g for g, v in groups.items() if len(v) >= WORK_MIN_BATCHES)
@@ -653,7 +659,7 @@ def oracle_with_work(d: dict[str, Any], profiles: dict[str, ModelProfile], fitte
             "under_noise": None if sd is None else oracle_under_noise(d, measured, sd, alpha)}
 
 
-def add_noise_bounds(d: dict[str, Any], records: dict[str, Sequence[dict[str, Any]]],
+def add_noise_bounds(d: dict[str, Any], records: Mapping[str, Sequence[dict[str, Any]]],
                      profiles: dict[str, ModelProfile]) -> None:
     """Into each policy's summary that lacks them: the noise its run saw over the second half
     (`noise`), the oracle under that noise (`oracle_under_noise`), the same oracle with the work
@@ -1024,7 +1030,7 @@ def run(opts: RealOptions) -> RealResult:
         d = run_experiment(opts)
         figure = real_figure(d) if opts.plot else None
         md = render_markdown(d, rel, begin, end)
-    if figure is not None:
+    if figure is not None and opts.plot:
         from dashboard import render
 
         render.save(figure, opts.plot)
@@ -1039,6 +1045,8 @@ def _read_back(opts: RealOptions, rel: str | None, begin: str, end: str) -> tupl
     """A summary written earlier, completed from its records where asked, with its figure and section;
     a file that is not such a summary is an ExperimentError, before anything is written."""
     what = "a summary `dqoes experiment real` writes"
+    if not opts.from_file:
+        raise ExperimentError("--from: no summary file given")
     d = read_back_json(opts.from_file, what)
     with reading_back(opts.from_file, what):
         if opts.records:
@@ -1107,9 +1115,9 @@ def run_experiment(opts: RealOptions) -> dict[str, Any]:
     for m in models:
         if m not in profiles:
             raise ExperimentError(f"--models: no profile for {m!r}")
-        p = profiles[m]
-        if (p.batch_images, p.resolution_px) != (opts.batch_size, opts.resolution):
-            _log(f"profile {m} was measured at {p.batch_images} x {p.resolution_px} px, the containers run "
+        prof = profiles[m]
+        if (prof.batch_images, prof.resolution_px) != (opts.batch_size, opts.resolution):
+            _log(f"profile {m} was measured at {prof.batch_images} x {prof.resolution_px} px, the containers run "
                  f"{opts.batch_size} x {opts.resolution} px: its work per batch scaled by images and pixels")
     profiles = batch_profiles(profiles, opts.batch_size, opts.resolution)
     objectives = None

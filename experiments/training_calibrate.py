@@ -70,7 +70,7 @@ def fit_exponential(losses: Sequence[float]) -> Fit:
                 best = (rss, float(rate), float(delay), float(coef[0]), float(coef[1]))
     if best is None:
         raise ExperimentError("no falling curve fits these losses")
-    rss, rate, delay, floor, amp = best
+    rss, rate, delay_fit, floor, amp = best
     rms = math.sqrt(rss / len(y))
     tail = y[len(y) // 2:]
     if len(tail) >= 3:
@@ -78,7 +78,7 @@ def fit_exponential(losses: Sequence[float]) -> Fit:
         noise = float(np.std(second)) / max(1e-12, float(np.mean(np.abs(tail))))
     else:
         noise = 0.0
-    return Fit(floor + amp, floor, rate, delay, noise, rms)
+    return Fit(floor + amp, floor, rate, delay_fit, noise, rms)
 
 
 def measure(model: str, epochs: int, threads: int = 1) -> list[dict[str, float]]:

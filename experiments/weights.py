@@ -351,8 +351,8 @@ class _Run:
         left = []
         for m in self.members:
             m.stop()
-        for m in [*self.members, *([] if self.parent is None else [None])]:
-            group = self.parent if m is None else m.group
+        for member in [*self.members, *([] if self.parent is None else [None])]:
+            group = self.parent if member is None else member.group
             assert group is not None
             deadline = time.monotonic() + 5
             while True:
@@ -525,7 +525,7 @@ def command_line(opts: WeightsOptions) -> str:
 
 def machine(opts: WeightsOptions, cores: float) -> dict[str, Any]:
     try:
-        layout = cgroupfs.detect_layout(opts.cgroup_root)
+        layout: str = cgroupfs.detect_layout(opts.cgroup_root)
     except OSError:
         layout = "none"
     return {"measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cores": os.cpu_count() or 1,

@@ -45,6 +45,7 @@ import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 from shared import subjects
@@ -367,7 +368,7 @@ def add_actions(p: object) -> None:
         q.set_defaults(auth_action=name)
 
 
-def run_command(args: object) -> int:
+def run_command(args: Any) -> int:
     """Run a parsed `auth` sub-command; AuthError (or ValueError) on bad input."""
     action = args.auth_action
     directory = args.dir

@@ -79,7 +79,7 @@ class Incoming:
     ts: float | None = None
 
 
-MessageHandler = Callable[[Message, Incoming], Awaitable[None] | None]
+MessageHandler = Callable[[Any, Incoming], Awaitable[None] | None]
 RawHandler = Callable[[Incoming], Awaitable[None] | None]
 
 
@@ -202,10 +202,11 @@ class Bus:
                     name=name,
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
-                    reconnect_time_wait=reconnect_wait_s,
-                    connect_timeout=min(connect_timeout_s, 2.0),
-                    drain_timeout=drain_timeout_s,
-                    ping_interval=ping_interval_s,
+                    # nats-py annotates these int; it takes seconds as float throughout.
+                    reconnect_time_wait=reconnect_wait_s,  # type: ignore[arg-type]
+                    connect_timeout=min(connect_timeout_s, 2.0),  # type: ignore[arg-type]
+                    drain_timeout=drain_timeout_s,  # type: ignore[arg-type]
+                    ping_interval=ping_interval_s,  # type: ignore[arg-type]
                     max_outstanding_pings=3,
                     error_cb=bus._on_error,
                     disconnected_cb=bus._on_disconnected,
@@ -296,7 +297,7 @@ class Bus:
             flush_pending = getattr(self._nc, "_flush_pending", None)
             if flush_pending is not None and self._nc.is_connected:
                 await asyncio.wait_for(flush_pending(force_flush=True), timeout_s)
-            await self._nc.flush(timeout=timeout_s)
+            await self._nc.flush(timeout=timeout_s)  # type: ignore[arg-type]  # float works
         except (nats.errors.Error, TimeoutError) as e:
             raise BusError(f"flush failed: {_one_line(e)}") from None
 
@@ -568,14 +569,14 @@ class KV:
     async def get_entry(self, key: str) -> KVEntry | None:
         """The latest entry of `key` (value and revision), None if absent or deleted."""
         try:
-            e = await self._store.get(key)
+            entry = await self._store.get(key)
         except nats.js.errors.KeyNotFoundError:
             return None
         except nats.js.errors.InvalidKeyError:
             raise ValueError(f"invalid key-value key {key!r}") from None
         except (nats.errors.Error, TimeoutError) as e:
             raise BusError(f"kv {self.bucket}: get {key!r} failed: {_one_line(e)}") from None
-        return KVEntry(key=key, value=e.value, revision=e.revision)
+        return KVEntry(key=key, value=entry.value, revision=entry.revision)
 
     async def put(self, key: str, value: bytes) -> int:
         """Store `value` under `key`; returns the new revision."""

@@ -128,17 +128,18 @@ class WorkerCollector(Collector):
             classes.add_metric([node, cls], len(ns.members[cls]))
         classes.add_metric([node, "unmanaged"], sum(1 for cs in ns.containers if not cs.managed))
         yield classes
-        for name, doc, value in (
+        gauges: tuple[tuple[str, str, float | int | None], ...] = (
             ("dqoes_node_cores", "The node's CPU capacity, cores.", ns.cores),
             ("dqoes_node_satisfied", "Containers within their band (class S).", ns.satisfied),
             ("dqoes_node_met", "Containers meeting their objective (G and S).", ns.met),
             ("dqoes_node_cpu_used_cores", "CPU the containers used over the last round, cores.", ns.cpu_cores_used),
             ("dqoes_node_interval_seconds", "Delay to the next control round.", ns.interval_s),
-        ):
-            if value is not None:
-                g = GaugeMetricFamily(name, doc, labels=["node"])
-                g.add_metric([node], float(value))
-                yield g
+        )
+        for name, doc, reading in gauges:
+            if reading is not None:
+                gauge = GaugeMetricFamily(name, doc, labels=["node"])
+                gauge.add_metric([node], float(reading))
+                yield gauge
         params = GaugeMetricFamily("dqoes_policy_param", "The policy's parameters in force (dqoes control).",
                                    labels=["node", "policy", "param"])
         for k, v in sorted(ns.params.items()):

@@ -99,11 +99,12 @@ class NatsServer:
         self._work_dir: Path | None = None
         if (jetstream and store_dir is None) or log_path is None:
             self._work_dir = Path(tempfile.mkdtemp(prefix="dqoes-nats-"))
+        scratch = self._work_dir if self._work_dir is not None else Path(tempfile.gettempdir())
         self.store_dir: Path | None = None
         if jetstream:
-            self.store_dir = Path(store_dir) if store_dir is not None else self._work_dir / "store"
+            self.store_dir = Path(store_dir) if store_dir is not None else scratch / "store"
         self.log_path = (
-            Path(log_path) if log_path is not None else self._work_dir / "nats-server.log"
+            Path(log_path) if log_path is not None else scratch / "nats-server.log"
         )
 
     # --- what clients need ---

@@ -275,7 +275,7 @@ def build(cls: type, data: Mapping[Any, Any], envelope: Mapping[str, Any] | None
     Each field is checked once here; the object is then made without running
     the same checks again in __post_init__ (only the cross-field check runs).
     """
-    obj = object.__new__(cls)
+    obj: Any = object.__new__(cls)
     for f in specs(cls):
         value = data.get(f.name, _ABSENT)
         if value is _ABSENT:

@@ -19,9 +19,11 @@ else:
     coll = ui.collector(cfg.sources, cfg.history_rounds)
     coll.wait_first_attempt(3.0)
 
+    live_coll = coll
+
     @st.fragment(run_every=cfg.refresh_s)
     def live_view() -> None:
-        ui.show_live(coll.snapshot())
+        ui.show_live(live_coll.snapshot())
 
     live_view()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import streamlit as st
 
@@ -16,7 +17,7 @@ uploads = st.file_uploader(
     type=["jsonl"],
     accept_multiple_files=True,
 )
-runs_by_name = {}
+runs_by_name: dict[str, tuple[str, Any]] = {}
 for f in files:
     runs_by_name[str(f)] = ("file", f)
 for u in uploads or []:

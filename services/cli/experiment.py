@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 from experiments import (
     paired,
@@ -42,7 +43,7 @@ def run_one(scenario_name: str, policy: str, seed: int, out: str | None, label: 
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, make in BUILTINS.items():
         sc = make(1)
         rows.append(
@@ -55,8 +56,8 @@ def cmd_list(args: argparse.Namespace) -> int:
                 "kind": "inference",
             }
         )
-    for name, make in TRAINING_BUILTINS.items():
-        tsc = make(1)
+    for name, make_training in TRAINING_BUILTINS.items():
+        tsc = make_training(1)
         rows.append({"name": name, "nodes": len(tsc.workers), "containers": len(tsc.jobs), "duration_s": None,
                      "description": tsc.description, "kind": "training"})
     if args.json:
@@ -86,8 +87,8 @@ def _print_training(s: dict) -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     if training_exp.is_training(args.scenario):
-        res = training_exp.run_one(args.scenario, _training_policy(args, args.policy), args.seed, args.out)
-        s = res.summary()
+        tres = training_exp.run_one(args.scenario, _training_policy(args, args.policy), args.seed, args.out)
+        s = tres.summary()
         if not args.json:
             _print_training(s)
         else:
@@ -203,9 +204,9 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print(f"{'oracle*':<10}{first.oracle_met:>6}{first.oracle_satisfied:>9}")
         print("* the most any steady allocation can keep met / in band on this placement (knows every latency curve)")
         if "ratio_dqoes_to_default" in summary:
-            r = summary["ratio_dqoes_to_default"]
+            ratio = summary["ratio_dqoes_to_default"]
             d, b = results["dqoes"].satisfied_final, results["default"].satisfied_final
-            shown = f": {r}x" if r is not None else " (no ratio: default Swarm has none in band)"
+            shown = f": {ratio}x" if ratio is not None else " (no ratio: default Swarm has none in band)"
             print(f"in band: DQoES {d} vs {b} for default Swarm" + shown)
     if args.json:
         emit_json(summary)

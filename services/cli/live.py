@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,13 +94,18 @@ class Observed:
                 "cores_total": cores, "final_window_s": end_s - start}
 
 
+def _on_state(o: Observed) -> Callable[[NodeState, Any], None]:
+    """A state handler bound to one observed stack."""
+    return lambda m, _: o.on_state(m)
+
+
 async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, every_s: float = 5.0,
                   stop: asyncio.Event | None = None) -> list[Observed]:
     obs = [Observed(s) for s in stacks]
     buses = []
     for o in obs:
         bus = await connect(o.stack.client_url, "dqoes-up")
-        await bus.subscribe(subjects.STATE_ALL, lambda m, _, o=o: o.on_state(m), expect=NodeState)
+        await bus.subscribe(subjects.STATE_ALL, _on_state(o), expect=NodeState)
         buses.append(bus)
     stop = stop or asyncio.Event()
     next_print = 0.0

@@ -492,8 +492,7 @@ def _init_weights(model: nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
             depthwise = m.groups > 1 and m.groups == m.in_channels
-            mode = "fan_in" if depthwise else "fan_out"
-            nn.init.kaiming_normal_(m.weight, mode=mode, nonlinearity="relu")
+            nn.init.kaiming_normal_(m.weight, mode="fan_in" if depthwise else "fan_out", nonlinearity="relu")
             if m.bias is not None:
                 nn.init.zeros_(m.bias)
         elif isinstance(m, nn.BatchNorm2d):

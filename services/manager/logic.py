@@ -157,8 +157,8 @@ class Manager:
             if c.objective_s == o.objective_s and c.alpha == o.alpha:
                 self._sent[c.container] = (ns.node, o.revision, now)
                 continue
-            sent = self._sent.get(c.container)
-            if sent is not None and sent[:2] == (ns.node, o.revision) and now - sent[2] < self.resend_after_s:
+            last = self._sent.get(c.container)
+            if last is not None and last[:2] == (ns.node, o.revision) and now - last[2] < self.resend_after_s:
                 continue  # just handed over; the worker will report it next time
             await self._hand(o, ns.node)
 
@@ -360,7 +360,7 @@ def aggregate(node_states: Iterable[NodeState], at: float) -> ClusterState:
         slack_sum_b_s=_sum(s.slack_sum_b_s for s in summaries),
         containers_total=sum(s.containers for s in summaries),
         at=at,
-        met_total=_total(s.met for s in summaries),
+        met_total=_count(s.met for s in summaries),
         cpu_cores_used_total=_total(s.cpu_cores_used for s in summaries),
         cpu_cores_idle_total=_total(s.cpu_cores_idle for s in summaries),
     )
@@ -372,6 +372,12 @@ def _total(xs: Iterable[int | float | None]) -> int | float | None:
     if not known:
         return None
     return sum(known) if all(isinstance(x, int) for x in known) else _sum(known)
+
+
+def _count(xs: Iterable[int | None]) -> int | None:
+    """The sum of counts the nodes report, None when none reports one."""
+    known = [x for x in xs if x is not None]
+    return sum(known) if known else None
 
 
 def _sum(xs: Iterable[float]) -> float:

@@ -111,7 +111,7 @@ def build(name: str, seed: int = 0, batch: int = 64, steps_per_epoch: int | None
     if name == "vae":
         x, _ = _images(gen, 4096)
         model: nn.Module = VAE()
-        opt = torch.optim.Adam(model.parameters(), lr=3e-4)
+        opt: torch.optim.Optimizer = torch.optim.Adam(model.parameters(), lr=3e-4)
 
         def loss_of(i: torch.Tensor) -> torch.Tensor:
             return model(x[i])

@@ -388,7 +388,7 @@ class Worker:
         return out
 
     async def _apply(self, d: Decision) -> None:
-        changes = d.changes
+        changes = list(d.changes)
         stale = self.stale_containers() if changes else set()
         if stale:  # no news, no change: a stale container keeps the limit it has
             for c in changes:

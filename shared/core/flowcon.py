@@ -198,13 +198,13 @@ class FlowConPolicy:
                 if stage is Stage.NL:
                     self.limits[name] = FREE
                 elif stage is Stage.CL:
-                    g = measured.get(name)
-                    if g is not None and total_g > 0:
-                        share = g / total_g
+                    got = measured.get(name)
+                    if got is not None and total_g > 0:
+                        share = got / total_g
                         self.limits[name] = max(share, floor)
                         why[name] += f"; CL limit max(G/sum G {share:.3f}, floor {floor:.3f})"
                     else:
-                        self.limits[name] = max(self.limits.get(name, floor), floor) if g is None else floor
+                        self.limits[name] = max(self.limits.get(name, floor), floor) if got is None else floor
                 # WL: unchanged (line 24)
             self.alpha = alpha if alpha is not None and alpha != -1 else self.alpha
         out = tuple(

@@ -61,7 +61,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import NormalDist
 
@@ -316,14 +316,13 @@ class Curve:
         ls = self.long_sums
         for i, v in enumerate((w, w * w, w * x, w * y, w * x * x, w * x * y, w * y * y)):
             ls[i] = ls[i] * (dl * dl if i == 1 else dl) + v
-        decay = d
-        self.sw = self.sw * decay + w
-        self.sw2 = self.sw2 * decay * decay + w * w
-        self.sx = self.sx * decay + w * x
-        self.sy = self.sy * decay + w * y
-        self.sxx = self.sxx * decay + w * x * x
-        self.sxy = self.sxy * decay + w * x * y
-        self.syy = self.syy * decay + w * y * y
+        self.sw = self.sw * d + w
+        self.sw2 = self.sw2 * d * d + w * w
+        self.sx = self.sx * d + w * x
+        self.sy = self.sy * d + w * y
+        self.sxx = self.sxx * d + w * x * x
+        self.sxy = self.sxy * d + w * x * y
+        self.syy = self.syy * d + w * y * y
         self.n += 1
         self.fit = None
 
@@ -693,8 +692,8 @@ class LearnedPolicy(PolicyBase):
                 if c.height_node is not None:
                     c.height_node, c.fit = None, None
         for name, (start, _) in list(self.rescues.items()):
-            c = self.curves.get(name)
-            if c is None or c.last_end_s is None or c.last_end_s > start:
+            rescued = self.curves.get(name)
+            if rescued is None or rescued.last_end_s is None or rescued.last_end_s > start:
                 del self.rescues[name]
         plans = self._solve(view.containers, cores)
         floor = floor_limit(len(view.containers))
@@ -739,9 +738,9 @@ class LearnedPolicy(PolicyBase):
         # if the node is still overcommitted) the largest limits, down to the floor.
         excess = sum(proposal.values()) - 1.0
         olds = {v.name: v.limit for v in view.containers}
-        rises = [(proposal[n] - olds[n], n) for n in proposal
-                 if plans[n].kind in ("no room", "unachievable") and olds[n] is not None and proposal[n] > olds[n]
-                 and n not in self.chances]
+        rises = [(proposal[n] - old, n) for n in proposal
+                 if plans[n].kind in ("no room", "unachievable") and (old := olds[n]) is not None
+                 and proposal[n] > old and n not in self.chances]
         excess = _give_back(proposal, sorted(rises, reverse=True), excess)
         overs = sorted(((proposal[n] - plans[n].limit, n) for n in proposal), reverse=True)
         excess = _give_back(proposal, [(over, n) for over, n in overs if over > 0], excess)
@@ -1192,7 +1191,7 @@ def _take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float]
     curve.add(x, y, w, decay)
 
 
-def _pool_slopes(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | None] | None = None) -> None:
+def _pool_slopes(curves: dict[str, Curve], own: Mapping[str, tuple[float, ...] | None] | None = None) -> None:
     """Set each curve's node prior on its slope from the others' pinned-down slopes.
 
     A random-effects pool: each pinned slope (its own data's posterior mean and variance) counts by
@@ -1201,10 +1200,10 @@ def _pool_slopes(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | No
     own included (one that differs widens everyone's prior, its own too); the mean leaves the curve's
     own slope out, so that it never informs its own prior. Fewer than POOL_MIN others: no node prior.
     """
-    own = own if own is not None else _own_fits(curves)
+    fits: Mapping[str, tuple[float, ...] | None] = own if own is not None else _own_fits(curves)
     pinned: dict[str, tuple[float, float]] = {}
     for name, c in curves.items():
-        f = own[name]
+        f = fits[name]
         if f is not None and math.sqrt(f[4]) <= POOL_PINNED * c.k_sd:
             pinned[name] = (f[1], f[4])
     tau2 = (_between_variance([list(pinned.values())]) or 0.0) if len(pinned) >= 2 else 0.0
@@ -1224,7 +1223,7 @@ def _own_fits(curves: dict[str, Curve]) -> dict[str, tuple[float, float, float, 
     return {n: c.solve_memory(c.long_active, own=True) for n, c in curves.items()}
 
 
-def _pool_heights(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | None] | None = None) -> None:
+def _pool_heights(curves: dict[str, Curve], own: Mapping[str, tuple[float, ...] | None] | None = None) -> None:
     """Set each curve's prior on its height from its replicas on the node (same workload).
 
     Replicas run the same model on the same batch, kernel and CPUs, so where one has been seen the
@@ -1236,10 +1235,10 @@ def _pool_heights(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | N
     own height included; a curve's prior is the mean of the others in its group, as wide as that
     spread plus the mean's own variance. No replica seen: no prior.
     """
-    own = own if own is not None else _own_fits(curves)
+    own_fits: Mapping[str, tuple[float, ...] | None] = own if own is not None else _own_fits(curves)
     members: dict[str, dict[str, tuple[tuple[float, ...], Curve]]] = {}
     for n, c in curves.items():
-        f = own[n]
+        f = own_fits[n]
         if c.workload is not None and not c.solo and f is not None:
             members.setdefault(c.workload, {})[n] = (f, c)
     groups: dict[str, dict[str, tuple[float, float]]] = {}
@@ -1270,7 +1269,7 @@ def _pool_heights(curves: dict[str, Curve], own: dict[str, tuple[float, ...] | N
         prior = None
         key = None if c.solo else _group_of(c.workload, groups)
         pooled = others_in[key](name) if key is not None else None
-        if pooled is not None:
+        if key is not None and pooled is not None:
             prior = (at[key], pooled[0], tau2 + pooled[1])
         if prior != c.height_node:
             c.height_node = prior

@@ -118,7 +118,7 @@ class PolicySpec:
     """One line for --help and the dashboard."""
     params_type: type
     """Its parameters dataclass (every field has a default and is validated when built)."""
-    factory: Callable[[Any, PolicyContext], Policy]
+    factory: Callable[[Any, PolicyContext], Any]
     """(params, context) -> a fresh policy for one node."""
     needs_curves: bool = False
     """True: meaningless without every container's latency curve (the oracle)."""

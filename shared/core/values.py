@@ -72,7 +72,7 @@ def _twin(cls: type) -> type | None:
           "__qualname__": f"{cls.__qualname__}.<unfrozen>"}
     try:
         twin = type(cls.__name__, cls.__bases__, ns)
-        probe = object.__new__(twin)
+        probe: Any = object.__new__(twin)
         probe.__class__ = cls
         object.__setattr__(probe, "__class__", twin)
     except TypeError:
@@ -130,7 +130,7 @@ def quick_init(cls: type[T]) -> type[T]:
     init.__module__ = cls.__module__
     init.__doc__ = cls.__init__.__doc__
     init.__annotations__ = dict(getattr(cls.__init__, "__annotations__", {}))
-    cls.__init__ = init  # type: ignore[misc]
+    cls.__init__ = init  # type: ignore[method-assign]
     return cls
 
 

@@ -400,9 +400,9 @@ def docker_group(
         if exists(group):
             return group
     if pid:
-        group = group_of_pid(root, pid, proc_root)
-        if group is not None and exists(group):
-            return group
+        by_pid = group_of_pid(root, pid, proc_root)
+        if by_pid is not None and exists(by_pid):
+            return by_pid
     raise CgroupError(errno.ENOENT, f"no cgroup found for container {container_id[:12]}", str(root))
 
 

@@ -391,7 +391,7 @@ class DockerRuntime(RealClock):
                 max_cores = min(self.cores, self._engine_cpus or self.cores)
                 limit_cores = max_cores if limit is None else min(limit * self.cores, max_cores)
                 nano_cpus = max(MIN_NANO_CPUS, round(limit_cores * 1e9))
-                in_force = nano_cpus / 1e9 / self.cores
+                in_force: float | None = nano_cpus / 1e9 / self.cores
                 data: dict[str, int] = {"NanoCpus": nano_cpus}
                 if self.cpu_weights:
                     data["CpuShares"] = _shares_for(None if limit is None else in_force)

@@ -88,8 +88,11 @@ def make_runtime(s: RuntimeSettings, on_batch: BatchCallback | None = None) -> R
                          follows.get(b.container, False), time.time() - behind_s)
 
         # A shared start is on the wall clock (several workers, one scenario clock).
-        shared_start = {} if s.start_at is None else {"clock": time.time, "start_at": s.start_at}
-        rt = SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done, **shared_start)
+        if s.start_at is None:
+            rt = SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done)
+        else:
+            rt = SimRuntime(s.node, scenario, s.seed, time_scale=s.time_scale, on_batch=batch_done,
+                            clock=time.time, start_at=s.start_at)
         return rt
     if s.kind == "docker":
         from shared.runtime.docker import DockerRuntime

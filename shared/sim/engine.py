@@ -440,8 +440,8 @@ def simulate(
         for name, ctrl in ctrls.items():
             if ctrl.managed and ctrl.due(t):
                 d = ctrl.run_round(t, nodes[name].cpu_totals())
-                for ch in d.changes:
-                    nodes[name].set_limit(ch.name, ch.new_limit, t)
+                for cd in d.changes:
+                    nodes[name].set_limit(cd.name, cd.new_limit, t)
                 record_round(d, t)
         if progress is not None and t >= next_progress:
             progress(t / end)
@@ -502,8 +502,8 @@ def simulate(
     met_per_node = {n: plateau(seen_met_series[n], window_at, end) for n in nodes}
     settle = {"after_s": round(last_event_s, 3), **settle_summary(round_log, own_moves, node_changes, last_event_s)}
     # The same read on the plans' limits (the same as above for every policy that lays nothing over its plan).
-    plan = settle_summary(plan_log, own_plan_moves, node_changes, last_event_s)
-    settle.update({f"plan_{k}": plan[k] for k in PLAN_SETTLE})
+    plan_settle = settle_summary(plan_log, own_plan_moves, node_changes, last_event_s)
+    settle.update({f"plan_{k}": plan_settle[k] for k in PLAN_SETTLE})
     return SimResult(
         scenario=scenario.name,
         policy=policy,
