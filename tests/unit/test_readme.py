@@ -174,6 +174,31 @@ def test_no_table_cell_is_over_30_words(page):
     assert not long, f"{rel(page)}: cells over 30 words: {long}"
 
 
+def tables(text: str) -> list[list[str]]:
+    """Each Markdown table outside code blocks, as its lines."""
+    text = re.sub(r"```.*?```", "", text, flags=re.S)
+    out: list[list[str]] = []
+    previous = False
+    for line in text.splitlines():
+        row = line.lstrip().startswith("|")
+        if row and not previous:
+            out.append([])
+        if row:
+            out[-1].append(line.strip())
+        previous = row
+    return out
+
+
+@pytest.mark.parametrize("page", OWN_PAGES, ids=rel)
+def test_every_table_row_has_its_headers_cells(page):
+    """An unescaped `|` inside a cell (|S|) splits it and shifts the row."""
+    bad = []
+    for table in tables(page.read_text()):
+        widths = [len(re.split(r"(?<!\\)\|", r.strip("|"))) for r in table]
+        bad += [r for r, w in zip(table, widths, strict=True) if w != widths[0]]
+    assert not bad, f"{rel(page)}: rows whose cell count differs from the header's: {bad}"
+
+
 def anchor(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
     heading = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", heading)
