@@ -150,6 +150,39 @@ def test_every_command_line_runs_with_help(kind, argv, capsys):
     assert "usage:" in capsys.readouterr().out
 
 
+def dqoes_lines() -> list[tuple[str, list[str]]]:
+    """(page, words after `dqoes`) of every `dqoes` line, written out in full (no [optional] brackets)."""
+    out = []
+    for page in PAGES:
+        if rel(page) in REWRITTEN_ELSEWHERE:
+            continue
+        for line in shell_lines(page.read_text()):
+            for part in re.split(r"\||&&|;", line):
+                try:
+                    words = shlex.split(part)
+                except ValueError:
+                    continue
+                while words and (words[0] in ("sudo", "env") or re.fullmatch(r"[A-Z_]+=\S*", words[0])):
+                    words = words[1:]
+                if words and Path(words[0]).name == "dqoes" and "[" not in part:
+                    out.append((rel(page), words[1:]))
+    return out
+
+
+DQOES_LINES = dqoes_lines()
+
+
+@pytest.mark.parametrize("page, words", DQOES_LINES, ids=[f"{p}: {' '.join(w)}" for p, w in DQOES_LINES])
+def test_every_dqoes_line_parses_as_written(page, words, capsys):
+    """Beyond --help: the line as written has every required argument and valid choices."""
+    from services.cli.main import parse
+
+    try:
+        parse(words)
+    except SystemExit as e:
+        assert e.code == 0 and "--help" in words, f"{page}: `dqoes {' '.join(words)}`: {capsys.readouterr().err}"
+
+
 def test_the_readme_names_every_sub_command():
     shown = {a[0] for k, a in commands_of(README) if k == "dqoes" and a}
     assert shown == set(_subcommands(build_parser())), "the README's commands miss some sub-commands"
