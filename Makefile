@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench fuzz bench-policies bench-stress results figures images screenshot compose-demo swarm-demo clean help
+.PHONY: setup demo test lint bench fuzz bench-policies bench-stress results figures images screenshot compose-demo swarm-demo docs clean help
 
 help:
 	@echo "make demo     run the main job (see README)"
@@ -15,7 +15,8 @@ help:
 	@echo "make bench-stress    the same on scarce, crowded, roomy, noisy, tight-band, sticky-noise and threads-follow variants"
 	@echo "make results  regenerate the generated tables in docs/results.md"
 	@echo "make figures  regenerate the figures in docs/img (Altair, rendered offline; the screenshot needs chromium)"
-	@echo "make compose-demo  the cluster demo on Docker Compose (docs/compose.md)"
+	@echo "make docs     regenerate docs/reference/cli.md and policies.md from the code"
+	@echo "make compose-demo  the cluster demo on Docker Compose (docs/guide/compose.md)"
 	@echo "make swarm-demo    the same on a single-node Docker Swarm stack"
 	@echo "make images   start a Docker engine if needed and build the images (no registry)"
 	@echo "make screenshot  regenerate docs/img/dashboard.png (the dashboard in headless Chromium)"
@@ -62,7 +63,7 @@ results: setup
 # Every figure in docs/img: the dashboard's Altair figure functions rendered offline (vl-convert),
 # from the recorded data in docs/, then the dashboard screenshot.
 figures: setup
-	$(BIN)/dqoes calibrate --from docs/calibration/profiles.toml --plot docs/img/calibration.svg --update docs/calibration.md
+	$(BIN)/dqoes calibrate --from docs/calibration/profiles.toml --plot docs/img/calibration.svg --update docs/guide/calibration.md
 	$(BIN)/dqoes experiment real --from docs/data/real-experiment.json --plot docs/img/real-experiment.svg --update docs/results.md
 	$(MAKE) screenshot
 
@@ -84,6 +85,11 @@ compose-demo: setup images
 
 swarm-demo: setup images
 	bash compose/swarm-demo.sh
+
+# The reference pages generated from the code (argparse parsers, the policy registry);
+# the test suite fails while they are stale.
+docs: setup
+	PYTHONPATH=$(CURDIR) $(BIN)/python -m tools.refdocs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis build *.egg-info

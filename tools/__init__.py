@@ -1,0 +1,1 @@
+"""The project's own tools for its checkout (generated docs); not part of the installed product."""
