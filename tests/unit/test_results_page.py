@@ -1,0 +1,62 @@
+"""docs/results.md is exactly what `make results` renders from the summaries in docs/data, and the renderer
+refuses a summary it cannot read with one line, writing nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import orjson
+import pytest
+
+from experiments import results_page
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_the_committed_page_is_what_make_results_renders(tmp_path):
+    out = tmp_path / "results.md"
+    done = subprocess.run([sys.executable, "-m", "experiments.results_page", "render", "--out", str(out)],
+                          cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == (REPO / "docs" / "results.md").read_bytes()
+
+
+def test_the_page_stays_short_and_every_table_names_its_source():
+    page = results_page.render(results_page.DATA)
+    assert page.count("\n") <= 400
+    for name in results_page.FILES.values():
+        assert f"docs/data/{name}" in page
+    # The oracle bound is the ceiling row of every simulated and real table.
+    assert page.count("| oracle bound (ceiling) |") >= 20
+
+
+def test_check_says_when_the_page_is_stale(tmp_path):
+    stale = tmp_path / "results.md"
+    stale.write_text("# Results\n\nsomething typed in\n")
+    assert results_page.main(["render", "--out", str(stale), "--check"]) == 1
+    assert stale.read_text() == "# Results\n\nsomething typed in\n"
+
+
+def test_means_carry_their_standard_error():
+    assert results_page.mean_se([1, 2, 3]) == (2.0, pytest.approx(1 / 3 ** 0.5))
+    assert results_page.pm(*results_page.mean_se([1, 2, 3])) == "2.0 ± 0.6"
+    assert results_page.pm(4.0) == "4.0" and results_page.pm(None) == "-"
+
+
+def test_a_missing_or_broken_summary_is_one_line_and_writes_nothing(tmp_path, capsys):
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in results_page.FILES.values():
+        (data / name).write_bytes((results_page.DATA / name).read_bytes())
+    out = tmp_path / "results.md"
+    (data / results_page.FILES["real"]).write_bytes(orjson.dumps({"runs": [{"policy": "learned"}]}))
+    assert results_page.main(["--data", str(data), "render", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("results_page: error:") and "\n" not in err and not out.exists()
+    (data / results_page.FILES["stress"]).unlink()
+    assert results_page.main(["--data", str(data), "render", "--out", str(out)]) == 2
+    assert "bench-stress.json: no such file" in capsys.readouterr().err and not out.exists()
+    assert results_page.main(["simulate", "--seeds", "5-1"]) == 2
+    assert "--seeds" in capsys.readouterr().err
