@@ -86,10 +86,10 @@ def run() -> dict[str, Any]:
     return run_sets(sets, PRIOR_ERROR, OUT, KEY, rescue=True)
 
 
-def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, key: str, *,
+def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, data_key: str, *,
              rescue: bool = False, update: bool = True) -> dict[str, Any]:
     """Every policy on each (scenario, seeds); print the figures, write them to `out` (JSON) and, with
-    $DQOES_BENCH_DATA and `update`, the summary results_page renders into that folder (its `key` file). A
+    $DQOES_BENCH_DATA and `update`, the summary results_page renders into that folder (its `data_key` file). A
     scenario run in more than one set also gets its ratios to the oracle policy over all its seeds
     together (`pooled`)."""
     res: dict[str, Any] = {}
@@ -139,7 +139,7 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
     if target and not update:
         print(f"  $DQOES_BENCH_SEEDS is set: the summary in {target} is left as it was")
     elif target:
-        written = results_page.write_bench(Path(target), key, f"make bench-{key}", res)
+        written = results_page.write_bench(Path(target), data_key, f"make bench-{data_key}", res)
         print(f"  summary written to {written} (make results renders it)")
     return {name: v["figures"] for name, v in res.items()}
 
