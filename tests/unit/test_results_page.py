@@ -60,3 +60,21 @@ def test_a_missing_or_broken_summary_is_one_line_and_writes_nothing(tmp_path, ca
     assert "bench-stress.json: no such file" in capsys.readouterr().err and not out.exists()
     assert results_page.main(["simulate", "--seeds", "5-1"]) == 2
     assert "--seeds" in capsys.readouterr().err
+
+
+def test_the_stored_simulations_are_what_the_code_gives_now():
+    """`make results` simulates the paper's and the training scenarios again; one seed of one of each, run
+    here, gives exactly what the stored summaries hold, so a policy change that moves them shows up."""
+    from experiments import report, training
+
+    paper = results_page.read(results_page.DATA, "paper")["paper-varied"]
+    fresh = report.report_data(["paper-varied"], [paper["seeds"][0]])["paper-varied"]
+    for pol, v in fresh["policies"].items():
+        stored = paper["policies"][pol]
+        assert (v["met"][0], v["in_band"][0], v["cpu_cores"][0]) == (
+            stored["met"][0], stored["in_band"][0], stored["cpu_cores"][0]), pol
+    assert fresh["oracle_bound"]["met"][0] == paper["oracle_bound"]["met"][0]
+    jobs = results_page.read(results_page.DATA, "training")["flowcon-3jobs"]
+    again = training.report_data(["flowcon-3jobs"], [jobs["seeds"][0]])["flowcon-3jobs"]
+    for pol in ("flowcon", "default"):
+        assert again["policies"][pol]["makespan_s"][0] == jobs["policies"][pol]["makespan_s"][0]
