@@ -78,3 +78,30 @@ def test_the_stored_simulations_are_what_the_code_gives_now():
     again = training.report_data(["flowcon-3jobs"], [jobs["seeds"][0]])["flowcon-3jobs"]
     for pol in ("flowcon", "default"):
         assert again["policies"][pol]["makespan_s"][0] == jobs["policies"][pol]["makespan_s"][0]
+
+
+def test_real_runs_are_collected_added_and_replaced_by_name_and_rendered_per_node(tmp_path, capsys):
+    from tests.unit.test_real_index import summary
+
+    data = tmp_path / "data"
+    first = tmp_path / "real-a.json"
+    first.write_text(orjson.dumps(summary("2026-11-27 09:00", {"learned": {"met": 4, "band": 3, "cpu": 1.8},
+                                                                "default": {"met": 2, "band": 0}})).decode())
+    assert results_page.main(["--data", str(data), "real-runs", str(first)]) == 0
+    again = tmp_path / "real-b.json"
+    again.write_text(orjson.dumps(summary("2026-11-27 10:00", {"learned": {"met": 2, "band": 1, "cpu": 1.9}})).decode())
+    first.write_text(orjson.dumps(summary("2026-11-27 09:00", {"learned": {"met": 3, "band": 3, "cpu": 1.8}})).decode())
+    assert results_page.main(["--data", str(data), "real-runs", str(first), str(again)]) == 0
+    runs = results_page.read(data, "real")["runs"]
+    # real-a was replaced (its default run is gone), real-b added.
+    assert sorted((r["run"], r["policy"], r["met"]) for r in runs) == [("real-a", "learned", 3), ("real-b", "learned", 2)]
+    table = "\n".join(results_page.real_table(results_page.read(data, "real")))
+    assert "| docker, 2 cores, 5 containers | learned | 2 | 2.5 ± 0.5 | 2.0 ± 1.0 | 1.85 ± 0.05 |" in table
+    assert "| docker, 2 cores, 5 containers | oracle bound (ceiling) | 2 | 4.0 ± 0.0 | 4.0 ± 0.0 | - |" in table
+    # A file that is not such a summary: one line, nothing written.
+    before = (data / "real-runs.json").read_bytes()
+    bad = tmp_path / "real-c.json"
+    bad.write_text("{}")
+    assert results_page.main(["--data", str(data), "real-runs", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("results_page: error:") and (data / "real-runs.json").read_bytes() == before
