@@ -11,9 +11,9 @@ help:
 	@echo "make test     set up and run the test suite"
 	@echo "make bench    run the benchmarks and print figures"
 	@echo "make fuzz     10,000 generated bad inputs at every entry point (minutes)"
-	@echo "make bench-policies  every policy on 320 held-out random clusters and 20 of the paper's; tables into docs/results.md"
-	@echo "make bench-stress    the same on scarce, crowded, roomy, noisy, tight-band, sticky-noise and threads-follow variants"
-	@echo "make results  regenerate the generated tables in docs/results.md"
+	@echo "make bench-policies  every policy on 320 held-out random clusters and 20 of the paper's (30 min); summary into docs/data"
+	@echo "make bench-stress    the same on the stress variants (docs/reference/scenarios.md); summary into docs/data"
+	@echo "make results  rerun the paper's and the training scenarios (a minute), then render docs/results.md from docs/data"
 	@echo "make figures  regenerate the figures in docs/img (Altair, rendered offline; the screenshot needs chromium)"
 	@echo "make docs     regenerate docs/reference/cli.md and policies.md from the code"
 	@echo "make compose-demo  the cluster demo on Docker Compose (docs/guide/compose.md)"
@@ -49,22 +49,26 @@ bench: setup
 fuzz: setup
 	$(BIN)/python -m bench fuzz
 
+# The held-out and stress benchmarks take half an hour: they store their summaries in docs/data, and
+# `make results` renders those without running them again (experiments/results_page.py).
 bench-policies: setup
-	DQOES_BENCH_UPDATE=docs/results.md $(BIN)/python -m bench policies
+	DQOES_BENCH_DATA=docs/data $(BIN)/python -m bench policies
+	$(MAKE) results
 
 bench-stress: setup
-	DQOES_BENCH_UPDATE=docs/results.md $(BIN)/python -m bench stress
+	DQOES_BENCH_DATA=docs/data $(BIN)/python -m bench stress
+	$(MAKE) results
 
+# docs/results.md, every number a table rendered from docs/data/*.json; the paper's and the training
+# scenarios are simulated again first (about a minute, deterministic for the same code).
 results: setup
-	$(BIN)/dqoes experiment report --seeds 1-5 --update docs/results.md
-	$(BIN)/dqoes experiment training-report --seeds 1-5 --update docs/results.md
-	$(BIN)/dqoes experiment training-real --from docs/data/training-real.json --update docs/results.md
+	$(BIN)/python -m experiments.results_page simulate --seeds 1-5
+	$(BIN)/python -m experiments.results_page render
 
 # Every figure in docs/img: the dashboard's Altair figure functions rendered offline (vl-convert),
 # from the recorded data in docs/, then the dashboard screenshot.
 figures: setup
 	$(BIN)/dqoes calibrate --from docs/calibration/profiles.toml --plot docs/img/calibration.svg --update docs/guide/calibration.md
-	$(BIN)/dqoes experiment real --from docs/data/real-experiment.json --plot docs/img/real-experiment.svg --update docs/results.md
 	$(MAKE) screenshot
 
 # The README's picture of the dashboard: the browser test of the recorded DQoES-vs-default

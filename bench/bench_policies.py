@@ -6,8 +6,8 @@ drift) and of `paper-cluster-40` were never run while the learned allocator
 was developed (development used seeds 1-400, later 3001-3100, 5001-5100, 6001-6200, 7001-7100 and 8001-8200;
 the held-out twenty were run only to
 report, never to choose between variants), nor were seeds 2001-2100 of
-`random-cluster-40` before they were added here (below), nor seeds 9001-9200 (added on 28 Nov 2026,
-chosen before they were run); the learned allocator's ratios to the oracle are also printed over every
+`random-cluster-40` before they were added here (below), nor seeds 9001-9200 (chosen before they
+were run); the learned allocator's ratios to the oracle are also printed over every
 held-out seed of the random clusters together. Every policy runs
 each seed, the seeds in as many processes as there are CPUs;
 the learned allocator runs once more with a calibrated profile as its prior
@@ -23,17 +23,18 @@ included); and per change on a node, the rounds that moved any limit there
 before the node's next change. "The oracle" is printed three ways. First
 (the headline) what the oracle policy achieves in the same noisy runs, counted
 as every run is: it knows every curve and the noise and sets the allocation
-with the most expected met + in band (docs/algorithms.md, "The oracle under
+with the most expected met + in band (docs/design/oracle.md, "The oracle under
 noise"). Then the same allocation's counts worked out rather than run (the
 lower median per node of its Poisson-binomial count), and its noise-free bound
 (the most any steady allocation could keep met / in band if batches had no
 noise).
 
-Writes bench/out/policies.json; with $DQOES_BENCH_UPDATE (as `make
-bench-policies` sets it) also the tables into the generated section of that
-Markdown file (docs/results.md). $DQOES_BENCH_SEEDS=A-B runs only seeds A-B of
-each scenario, writes bench/out/policies-seeds-A-B.json and leaves the section
-as it was.
+Writes bench/out/policies.json (every run); with $DQOES_BENCH_DATA (as `make
+bench-policies` sets it: docs/data) also the means, standard errors and ratios
+docs/results.md is rendered from (bench-policies.json there;
+experiments/results_page.py). $DQOES_BENCH_SEEDS=A-B runs only seeds A-B of
+each scenario, writes bench/out/policies-seeds-A-B.json and leaves the stored
+summary as it was.
 """
 
 from __future__ import annotations
@@ -49,31 +50,19 @@ from typing import Any
 import orjson
 
 from bench.common import report
-from experiments import policies
-from experiments.common import update_section
+from experiments import policies, results_page
 
 SEEDS = tuple(range(1001, 1021))
 FURTHER = ("random-cluster-40", tuple(range(2001, 2101)))
-"""A hundred more held-out random clusters, added on 25 Nov 2026 because the twenty's in-band ratio
-missed its goal by less than its standard error; run once, reported as it came."""
+"""A hundred more held-out random clusters, run once when added and reported as they came."""
 FRESH = ("random-cluster-40", tuple(range(9001, 9201)))
-"""Two hundred more, chosen on 28 Nov 2026 before they were run, to narrow the held-out in-band ratio's
-standard error (then 0.0126 over the hundred); run once, reported as they came, with the ratio pooled
-over every held-out seed of the random clusters beside it."""
-ADDED = {
-    FURTHER: "Added on 25 Nov 2026: the twenty seeds above missed the in-band goal by less than their standard "
-             "error, so a hundred more, never run before, were run once; they are reported as they came and run "
-             "with the others from then on.",
-    FRESH: "Added on 28 Nov 2026: two hundred more, chosen before they were run, to narrow the standard error of "
-           "the in-band ratio (0.0126 over the hundred above); run once and reported as they came, with the "
-           "others from then on.",
-}
-"""What the section says of a set added after the first twenty, above its table."""
+"""Two hundred more, chosen before they were run, to narrow the held-out in-band ratio's standard
+error; reported as they came, with the ratio pooled over every held-out seed of the random clusters."""
 SCENARIOS = ("random-cluster-40", "paper-cluster-40")
 PRIOR_ERROR = 0.30
 OUT = Path(__file__).resolve().parent / "out" / "policies.json"
-BEGIN = "<!-- BEGIN generated: make bench-policies -->"
-END = "<!-- END generated: make bench-policies -->"
+KEY = "policies"
+"""Which of experiments/results_page.py's summaries this suite writes."""
 
 
 def seed_sets() -> list[tuple[str, tuple[int, ...]]]:
@@ -92,16 +81,17 @@ def run() -> dict[str, Any]:
     if os.environ.get("DQOES_BENCH_SEEDS"):
         # A quicker look has its own file and leaves the held-out tables as they are.
         seeds = sets[0][1]
-        return run_sets(sets, PRIOR_ERROR, OUT.with_name(f"policies-seeds-{seeds[0]}-{seeds[-1]}.json"), BEGIN,
-                        END, rescue=True, update=False)
-    return run_sets(sets, PRIOR_ERROR, OUT, BEGIN, END, rescue=True)
+        return run_sets(sets, PRIOR_ERROR, OUT.with_name(f"policies-seeds-{seeds[0]}-{seeds[-1]}.json"), KEY,
+                        rescue=True, update=False)
+    return run_sets(sets, PRIOR_ERROR, OUT, KEY, rescue=True)
 
 
-def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, begin: str,
-             end: str, *, rescue: bool = False, update: bool = True) -> dict[str, Any]:
+def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, data_key: str, *,
+             rescue: bool = False, update: bool = True) -> dict[str, Any]:
     """Every policy on each (scenario, seeds); print the figures, write them to `out` (JSON) and, with
-    $DQOES_BENCH_UPDATE and `update`, into that file's section between `begin` and `end`. A scenario run
-    in more than one set also gets its ratios to the oracle policy over all its seeds together (`pooled`)."""
+    $DQOES_BENCH_DATA and `update`, the summary results_page renders into that folder (its `data_key` file). A
+    scenario run in more than one set also gets its ratios to the oracle policy over all its seeds
+    together (`pooled`)."""
     res: dict[str, Any] = {}
     every: dict[str, list[policies.Run]] = {}
     t0 = time.monotonic()
@@ -145,12 +135,12 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(orjson.dumps(res, option=orjson.OPT_INDENT_2))
     print(f"  written to {out}")
-    target = os.environ.get("DQOES_BENCH_UPDATE")
+    target = os.environ.get("DQOES_BENCH_DATA")
     if target and not update:
-        print(f"  $DQOES_BENCH_SEEDS is set: the section in {target} is left as it was")
+        print(f"  $DQOES_BENCH_SEEDS is set: the summary in {target} is left as it was")
     elif target:
-        update_section(Path(target), markdown(res, begin, end), begin, end)
-        print(f"  section updated in {target}")
+        written = results_page.write_bench(Path(target), data_key, f"make bench-{data_key}", res)
+        print(f"  summary written to {written} (make results renders it)")
     return {name: v["figures"] for name, v in res.items()}
 
 
@@ -223,66 +213,3 @@ def _progress(total: int, t0: float) -> Callable[[str], None]:
               flush=True)
 
     return progress
-
-
-def _ratios_sentence(figures: dict[str, Any], over: str) -> str:
-    """The headline ratios as the section writes them."""
-    text = (f"The learned allocator against the oracle policy over {over} (ratio of means; standard error over "
-            f"the paired seeds): met {_with_se(figures['learned_met_to_oracle_policy'])} (goal 0.97); in band "
-            f"{_with_se(figures['learned_in_band_to_oracle_policy'])} (goal 0.95).")
-    if "learned_expected_in_band_to_oracle_policy" in figures:
-        text += (f" Counted as the chances of each container's next batch at the limits each policy ends with (on "
-                 f"the true curves, under the run's noise; no goal of their own, a steadier read than the few "
-                 f"last batches a plateau counts): met {_with_se(figures['learned_expected_met_to_oracle_policy'])}, "
-                 f"in band {_with_se(figures['learned_expected_in_band_to_oracle_policy'])}.")
-    if "learned_late_rescue_met_to_oracle_policy" in figures:
-        text += (f" With late batches rescued (`late_rescue = 1`, row {policies.RESCUE_LABEL}): met "
-                 f"{_with_se(figures['learned_late_rescue_met_to_oracle_policy'])}; in band "
-                 f"{_with_se(figures['learned_late_rescue_in_band_to_oracle_policy'])}.")
-    if "learned_late_rescue_container_plan_settle_rounds" in figures:
-        text += (f" Its rescues move limits out and back within a batch: a container's own limit moved "
-                 f"{figures['learned_late_rescue_container_settle_rounds']['value']:.2f} times after its own "
-                 f"arrival or change counting every move, its planned limit "
-                 f"{figures['learned_late_rescue_container_plan_settle_rounds']['value']:.2f} times (goal 3); a "
-                 f"node's planned limits {figures['learned_late_rescue_change_plan_settle_rounds']['value']:.2f} "
-                 f"rounds after each change there.")
-    return text
-
-
-def _with_se(figure: dict[str, Any]) -> str:
-    se = figure.get("se")
-    return f"{figure['value']:.4f} x" + ("" if se is None else f", standard error {se:.4f}")
-
-
-def markdown(res: dict[str, Any], begin: str = BEGIN, end: str = END) -> str:
-    lines = [begin, ""]
-    for v in res.values():
-        if "pooled" in v:
-            lines.append(f"#### {v['scenario']}, every held-out seed above together ({v['pooled']} seeds)")
-            lines.append("")
-            lines.append(_ratios_sentence(v["figures"], "all these seeds at once"))
-            lines.append("")
-            continue
-        s = v["seeds"]
-        lines.append(f"#### {v['scenario']}, seeds {s[0]}-{s[-1]} ({len(s)} seeds, not used while developing)")
-        lines.append("")
-        note = ADDED.get((v["scenario"], tuple(s)))
-        if note:
-            lines.append(note)
-            lines.append("")
-        lines.append(policies.table(v["summary"]))
-        lines.append("")
-        o = v["summary"]["oracle"]
-        lines.append(f"The oracle policy (it knows every curve and the noise, and sets the allocation with the "
-                     f"most expected met + in band), in the same noisy runs: met {o['met_mean']:.1f}, in band "
-                     f"{o['in_band_mean']:.1f}. The same allocation worked out rather than run: met "
-                     f"{o['noise_oracle_met_median_mean']:.1f}, in band {o['noise_oracle_in_band_median_mean']:.1f} "
-                     f"(lower median per node), {o['noise_oracle_met_mean']:.1f} / "
-                     f"{o['noise_oracle_in_band_mean']:.1f} expected; no allocation can expect more than "
-                     f"{o['ceiling_met_mean']:.1f} met or {o['ceiling_in_band_mean']:.1f} in band (each alone). "
-                     f"The noise-free bound: {o['oracle_met_mean']:.1f} / {o['oracle_in_band_mean']:.1f}.")
-        lines.append("")
-        lines.append(_ratios_sentence(v["figures"], "the same seeds"))
-        lines.append("")
-    lines.append(end)
-    return "\n".join(lines)

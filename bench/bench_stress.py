@@ -13,8 +13,8 @@ workloads whose threads follow their limit (floor of it, up to four). Seeds 1001
 while the allocator was developed; every policy runs every seed (no prior),
 with the figures and goals of `make bench-policies`.
 
-Writes bench/out/stress.json; with $DQOES_BENCH_UPDATE the tables go into
-that file's generated section (`make bench-stress`: docs/results.md).
+Writes bench/out/stress.json; with $DQOES_BENCH_DATA (`make bench-stress`: docs/data)
+also the summary docs/results.md is rendered from (bench-stress.json there).
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ from bench.bench_policies import SEEDS, run_sets
 from shared.scenarios.builtin import STRESS
 
 OUT = Path(__file__).resolve().parent / "out" / "stress.json"
-BEGIN = "<!-- BEGIN generated: make bench-stress -->"
-END = "<!-- END generated: make bench-stress -->"
+KEY = "stress"
 
 
 def run() -> dict[str, Any]:
-    return run_sets([(name, SEEDS) for name in STRESS], None, OUT, BEGIN, END)
+    return run_sets([(name, SEEDS) for name in STRESS], None, OUT, KEY)

@@ -6,8 +6,8 @@ seeds' spread in difficulty cancels, and each figure's mean difference with its 
 says whether a change is worth making before anyone turns it on with `dqoes control`. Beside the
 counted met and in band it reads the chances of each run's final allocation
 (`SimResult.expected_met_final`, `expected_in_band_final`): the same allocations, read with a
-fraction of the counts' error (docs/algorithms.md, "The oracle under noise"). Every trial that
-docs/algorithms.md reports as "paired" is of this shape.
+fraction of the counts' error (docs/design/oracle.md, "The oracle under noise"). Every trial that
+docs/decisions/ reports as "paired" is of this shape.
 """
 
 from __future__ import annotations

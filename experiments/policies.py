@@ -157,7 +157,9 @@ def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
         out[label] = {
             "seeds": len(rs),
             "met_mean": statistics.mean(r.met for r in rs),
+            "met_se": _se([r.met for r in rs]),
             "in_band_mean": statistics.mean(r.in_band for r in rs),
+            "in_band_se": _se([r.in_band for r in rs]),
             "met_to_oracle": met / o_met if o_met else None,
             "in_band_to_oracle": band / o_band if o_band else None,
             "oracle_met_mean": statistics.mean(r.oracle_met for r in rs),
@@ -173,6 +175,7 @@ def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
             "expected_met_mean": statistics.mean(r.expected_met for r in rs),
             "expected_in_band_mean": statistics.mean(r.expected_in_band for r in rs),
             "cpu_cores_mean": statistics.mean(r.cpu_cores for r in rs),
+            "cpu_cores_se": _se([r.cpu_cores for r in rs]),
             "cpu_idle_cores_mean": statistics.mean(max(0.0, r.cores - r.cpu_cores) for r in rs),  # no float dust below 0
             "settle_rounds_max_mean": statistics.mean(r.settle_rounds_max for r in rs),
             "settle_rounds_max_worst": max(r.settle_rounds_max for r in rs),
@@ -190,6 +193,11 @@ def summarize(runs: Sequence[Run]) -> dict[str, dict[str, Any]]:
             "rounds_mean": statistics.mean(r.rounds for r in rs),
         }
     return out
+
+
+def _se(xs: Sequence[float]) -> float | None:
+    """The standard error of the mean over seeds (None below two)."""
+    return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else None
 
 
 def paired_ratio(runs: Sequence[Run], label: str, ref: str, count: str) -> tuple[float | None, float | None]:

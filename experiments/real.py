@@ -8,7 +8,7 @@ objectives, first under DQoES and then under the default policy (no limits,
 CFS fair share) on the same workload. It records the node's state over time
 (|S|, limits, latencies) and each container's CPU use from its cgroup, then
 simulates the same setup with the calibrated profiles (`dqoes calibrate`)
-and writes both side by side (`--update docs/results.md`, `--plot`).
+and writes both side by side (`--update FILE`, `--plot`).
 
 Only containers this command started are touched: they are named
 `<prefix>-cNN` with a prefix unique to the run, carry `dqoes.node=<prefix>`,

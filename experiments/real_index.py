@@ -1,10 +1,8 @@
 """`dqoes experiment real-index`: every recorded real run at a glance, with the issue's two real-node goals
 checked run by run.
 
-Why: thirty-odd real runs on three kinds of node are recorded in docs/results.md, each in its own
-section with its own prose; a reader (and the README) needs one table that says, for every run the
-summaries in docs/data hold, what each policy met, kept in band and spent, against the bound and against
-what the oracle expects under the noise that run saw, and how often the learned allocator reached the
+Why: a reader needs one table that says, for every run the summaries given hold, what each policy
+met, kept in band and spent, against the bound and against what the oracle expects under the noise that run saw, and how often the learned allocator reached the
 goals: never fewer met than default in the same run, in band at least the bound less one. Beside the
 second goal, the same test against what the oracle keeps in band under the noise (and with the work per
 batch) that run measured, counted as the plateau counts (a lower median): the bound knows no noise, and

@@ -1,4 +1,5 @@
-"""The paper's experiments over several seeds, as the tables of docs/results.md.
+"""The paper's experiments over several seeds, as the paper's table of docs/results.md
+(rendered by experiments/results_page.py).
 
 Why: one seed of a noisy system is an anecdote. The report runs every
 built-in scenario under each policy for each seed in the simulator and

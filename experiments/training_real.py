@@ -269,7 +269,7 @@ def render_markdown(s: dict[str, Any], command: str) -> str:
 def command_line(opts: TrainingRealOptions) -> str:
     return (f"dqoes experiment training-real --jobs {opts.jobs} --policies {opts.policies} --threads {opts.threads}"
             + (f" --repeat {opts.repeat}" if opts.repeat > 1 else "")
-            + (f" --cores {opts.cores:g}" if opts.cores else "") + (" --update docs/results.md" if opts.update else ""))
+            + (f" --cores {opts.cores:g}" if opts.cores else "") + (f" --update {opts.update}" if opts.update else ""))
 
 
 def run(opts: TrainingRealOptions, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:

@@ -52,7 +52,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
            "(for several logical nodes on one engine)")
     switch(ap, "--cpu-weights", "DQOES_CPU_WEIGHTS", True,
            help="docker/cgroup: set each container's CPU weight from its limit whenever the limit is set, "
-           "so that a full node delivers a large limit as fully as a small one (docs/algorithms.md, CPU "
+           "so that a full node delivers a large limit as fully as a small one (docs/design/learned.md, CPU "
            "weights); --no-cpu-weights leaves weights alone")
     flag(ap, "--workload-batch", "DQOES_WORKLOAD_BATCH", 100, type=int,
          help="cgroup runtime with --scenario: images a batch of each inference process")

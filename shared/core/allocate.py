@@ -10,7 +10,7 @@ learned allocator does not: solved each round on its fitted curves, this
 knapsack gained in band on random clusters but reshuffled limits every few
 rounds (a container's limit moved 4-4.7 times after its own change), and
 a bonus for staying put cost more counts than it saved moves (notes in
-docs/algorithms.md, "The learned allocator").
+docs/design/learned.md).
 
 The method is the classic LP relaxation of the multiple-choice knapsack:
 each container's options are reduced to their upper concave hull (cost

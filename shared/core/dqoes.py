@@ -2,7 +2,7 @@
 
 Pure functions over explicit values; `DQoESPolicy` only strings them together
 and carries the listener's state between rounds. Every reading of an ambiguous
-passage of the paper is written down in docs/algorithms.md, and each is marked
+passage of the paper is written down in docs/design/dqoes.md, and each is marked
 here with "Reading:" where the code implements it.
 """
 
@@ -71,7 +71,7 @@ def update_limits(
 ) -> dict[str, LimitUpdate]:
     """Algorithm 1, lines 16-24: shrink G, grow B, leave S alone.
 
-    Reading (docs/algorithms.md, "The step is additive"): each G container gives
+    Reading (docs/design/dqoes.md, "The step is additive"): each G container gives
     up (q_i/Q_G) * R_G * beta of the node and each B container receives
     (q_i/Q_B) * R_G * beta, so G's limits fall by R_G * beta in total and B
     receives exactly what G saved, as section IV-A's prose says. Multiplying

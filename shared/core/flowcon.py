@@ -14,7 +14,7 @@ Algorithm 4 places a new job on the worker whose jobs are all completing
 S = (|NL| + 1) * D_NL + |WL| * D_WL + |CL| * D_CL, D_x the sum of G in list x.
 
 The paper's pseudo-code is garbled in places; every reading we chose is in
-docs/algorithms.md ("FlowCon"), and the unit tests pin each one with explicit
+docs/design/flowcon.md, and the unit tests pin each one with explicit
 times (tests/unit/test_flowcon.py).
 """
 
@@ -42,7 +42,7 @@ CL_FLOORS = ("one-core", "per-container")
 
 @dataclass(frozen=True, slots=True)
 class FlowConParams:
-    """FlowCon's settings (the paper gives no values; ours are in docs/algorithms.md)."""
+    """FlowCon's settings (the paper gives no values; ours are in docs/design/flowcon.md)."""
 
     initial_interval_s: float = 10.0
     """itval: seconds between rounds, and what every arrival or departure resets it to."""
@@ -53,7 +53,7 @@ class FlowConParams:
     cl_floor: str = "one-core"
     """Lower bound of a CL job's limit: "one-core" (one core of the node, our reading of the paper's
     Figs. 3 and 11a) or "per-container" (1/|c| of the node, the pseudo-code's literal floor, which
-    never caps a job below its fair share). docs/algorithms.md, "FlowCon"."""
+    never caps a job below its fair share). docs/design/flowcon.md."""
     threshold_from: str = "progress"
     """What Algorithm 3 averages: "progress" (per-second progress P, as its text and pseudo-code say,
     then compared with G = P / R, R in cores) or "growth" (G itself, the same unit as the comparison)."""

@@ -9,7 +9,7 @@ latency, the CPU it used, the limit it ran under), and every round chooses
 the limits that make the most containers meet their objective, then the
 most land in their band, then spend the least CPU, within the node.
 
-The model (docs/algorithms.md, "The learned allocator"):
+The model (docs/design/learned.md):
 
 - below the container's saturation, log L = theta0 - k log c: a power law in
   the cores c it gets (k = 1 is "work / cores"; real quotas cost extra CPU at
@@ -155,7 +155,7 @@ POOL_PINNED = 0.5
 """A slope is pinned down when its posterior sd is at most this share of its prior's."""
 HEIGHT_SPREAD_MIN = 0.05
 """Replicas' curves are never taken as closer than this (sd of log latency at one limit): work per
-batch that replicas measured on one node differed by about this much (docs/algorithms.md)."""
+batch that replicas measured on one node differed by about this much (docs/design/learned.md)."""
 HEIGHT_SPREAD_UNKNOWN = 0.2
 """How far apart replicas' curves are taken to be until two replicas of one workload have been seen."""
 SWITCH_EVIDENCE = 0.02
@@ -178,7 +178,7 @@ class LearnedParams(BaseParams):
     half_life_s: float = 60.0
     """A second, longer memory: observations keep half their weight for at least this many seconds of
     batches (0: none). A container's fit uses it while it foresees the container's batches better than
-    the memory in batches (docs/algorithms.md, "Memory in seconds")."""
+    the memory in batches (docs/design/learned.md, "Two memories")."""
     confidence_z: float = 1.0
     """Margin, in standard deviations of the fitted curve, added to every container's need."""
     dead_band: float = 0.05
@@ -189,11 +189,11 @@ class LearnedParams(BaseParams):
     """1: start each curve from the container's calibrated profile (when one is known); 0: observations only."""
     pool_work: float = 1.0
     """1: a container's prior on its curve's height is what its replicas on the node (same model, same
-    images per batch) show, as far as replicas there agree (docs/algorithms.md, "Work shared by
+    images per batch) show, as far as replicas there agree (docs/design/learned.md, "Work shared by
     replicas"); a newcomer with a replica is placed by it before its first batch; 0: its own."""
     pool_slopes: float = 1.0
     """1: a container's prior on its slope is what the node's other containers show, where their
-    slopes are pinned down and agree (docs/algorithms.md, "Slopes shared on a node"); 0: its own."""
+    slopes are pinned down and agree (docs/design/learned.md, "Slopes shared on a node"); 0: its own."""
     expected_aim: float = 1.0
     """1: aim each container where its next batch is most often met and in band under the measured
     noise, and give what is left to one left out for room where that is worth more than an equal split;
@@ -201,17 +201,17 @@ class LearnedParams(BaseParams):
     spell_guard: float = 1.0
     """1: two batches off a curve on the side the node's other containers' batches then lie off too,
     taken together (a slow spell of the host, not a drift of one curve), do not restart it; it is
-    waited out for as many batches as a restart is watched (docs/algorithms.md, "Spells shared by a
+    waited out for as many batches as a restart is watched (docs/design/learned.md, "Spells shared by a
     node"); 0: they do."""
     late_rescue: float = 0.0
     """1: a running batch of a container aimed at its band that, by how long it has run, is likely to
     end past the band's slow edge gets more CPU for the rest of it, from what no limit holds and from
     containers that cannot be met, and its limit returns once the batch ends; aims count on it
-    (docs/algorithms.md, "Late batches"); 0: limits follow the plan only."""
+    (docs/design/learned.md, "Late batches"); 0: limits follow the plan only."""
     thread_steps: float = 1.0
     """1: a container whose threads follow its limit (its batches say so) runs floor(limit) threads above
     one core, so it is read at the cores those threads can use and given whole cores there
-    (docs/algorithms.md, "Threads that follow the limit"); 0: its limit read as cores it may use."""
+    (docs/design/learned.md, "Threads that follow the limit"); 0: its limit read as cores it may use."""
 
     def __post_init__(self) -> None:
         BaseParams.__post_init__(self)
@@ -262,11 +262,11 @@ class Curve:
     k_mean: float = 1.0
     k_sd: float = K_PRIOR_SD
     k_node: tuple[float, float] | None = None
-    """(mean, sd) of the slope the node's other containers show (docs/algorithms.md, "Slopes shared
+    """(mean, sd) of the slope the node's other containers show (docs/design/learned.md, "Slopes shared
     on a node"): the prior on k in place of (k_mean, k_sd) where it is narrower."""
     height_node: tuple[float, float, float] | None = None
     """(x0, mean, variance) of its log latency at log cores x0 as its replicas on the node show it (same
-    model and batch; docs/algorithms.md, "Work shared by replicas"): a prior on its curve's height."""
+    model and batch; docs/design/learned.md, "Work shared by replicas"): a prior on its curve's height."""
     workload: str | None = None
     """What it runs (model and images per batch), as its batches report it; None: not known."""
     solo: bool = False

@@ -3,7 +3,7 @@
 The worker, the simulator, `dqoes experiment`, `dqoes up`, the dashboard and
 the benchmarks list and build policies only through this module, so adding a
 policy is one module (its parameters dataclass, the policy, a `SPEC`) plus
-one line in `SPECS` below (docs/architecture.md, "Adding a policy").
+one line in `SPECS` below (docs/design/architecture.md, "Adding a policy").
 
 Settings reach a policy as a plain mapping (a scenario's `controller` table,
 a worker's flags, an operator's control message): each policy takes the

@@ -54,7 +54,7 @@ class NodeSpells:
     """Spells in which every container on a node runs slower at the CPU it gets (memory bandwidth,
     caches or another tenant shared by the whole host): on each node, independently, they start
     after gaps drawn exponentially with mean `every_s`, last a duration and slow every batch's
-    progress by a factor, each drawn uniformly from its range (docs/simulator.md)."""
+    progress by a factor, each drawn uniformly from its range (docs/design/simulator.md)."""
 
     every_s: float
     duration_s: tuple[float, float]

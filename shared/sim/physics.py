@@ -1,6 +1,6 @@
 """The simulated node: how containers share CPU and how long their batches take.
 
-Physics (docs/simulator.md says the same in prose):
+Physics (docs/design/simulator.md says the same in prose):
 - a node has `cores`; a container runs batch after batch; a batch needs
   `work_cpu_s` CPU-seconds (times a per-batch log-normal noise factor, times the
   profile's efficiency multiplier while a quota below its thread count throttles
@@ -96,7 +96,7 @@ class SimContainer:
     def start_batch(self, now_s: float) -> None:
         if self.noise_sigma > 0 and self.noise_rho > 0:
             # AR(1) in the log: each batch's noise has the same spread as independent ones (sd
-            # noise_sigma), but slow and fast spells last, as on a real node (docs/simulator.md).
+            # noise_sigma), but slow and fast spells last, as on a real node (docs/design/simulator.md).
             step = self.rng.gauss(0.0, 1.0)
             z = step if self.noise_z is None else self.noise_rho * self.noise_z + math.sqrt(1 - self.noise_rho**2) * step
             self.noise_z = z

@@ -1,4 +1,5 @@
-"""`make bench-stress`'s runner: every policy on a variant, figures printed, JSON and the doc's section written."""
+"""`make bench-stress`'s runner: every policy on a variant, figures printed, JSON and the summary docs/results.md is
+rendered from written."""
 
 from __future__ import annotations
 
@@ -7,14 +8,14 @@ import pytest
 
 from bench import bench_stress
 from bench.bench_policies import run_sets
+from experiments import results_page
 
 
-def test_a_stress_run_writes_its_figures_and_its_section(tmp_path, monkeypatch, capsys):
-    doc = tmp_path / "results.md"
-    doc.write_text(f"# before\n\n{bench_stress.BEGIN}\nold text\n{bench_stress.END}\n\n# after\n")
-    monkeypatch.setenv("DQOES_BENCH_UPDATE", str(doc))
+def test_a_stress_run_writes_its_figures_and_its_summary(tmp_path, monkeypatch, capsys):
+    data = tmp_path / "data"
+    monkeypatch.setenv("DQOES_BENCH_DATA", str(data))
     out = tmp_path / "stress.json"
-    figures = run_sets([("random-cluster-crowded", (2,))], None, out, bench_stress.BEGIN, bench_stress.END)
+    figures = run_sets([("random-cluster-crowded", (2,))], None, out, bench_stress.KEY)
 
     key = "random-cluster-crowded, seeds 2-2"
     assert set(figures) == {key}
@@ -23,9 +24,15 @@ def test_a_stress_run_writes_its_figures_and_its_section(tmp_path, monkeypatch, 
     saved = orjson.loads(out.read_bytes())[key]
     # Every policy ran the seed once; no run with a prior was asked for.
     assert sorted(r["policy"] for r in saved["runs"]) == ["default", "dqoes", "learned", "oracle"]
-    text = doc.read_text()
-    assert "old text" not in text and text.startswith("# before") and text.rstrip().endswith("# after")
-    assert "#### random-cluster-crowded, seeds 2-2" in text and "| learned |" in text
+    summary = orjson.loads((data / "bench-stress.json").read_bytes())
+    assert summary["command"] == "make bench-stress"
+    (one,) = summary["sets"]
+    assert (one["scenario"], one["seeds"], one["n"]) == ("random-cluster-crowded", "2-2", 1)
+    assert set(one["policies"]) == {"default", "dqoes", "learned", "oracle"}
+    assert one["policies"]["learned"]["met"] == saved["summary"]["learned"]["met_mean"]
+    assert one["to_oracle_policy"]["learned"]["met"][0] == met["value"]
+    # The page renders a row per policy and the bound from it.
+    assert "| random-cluster-crowded, 2-2 (1 seeds) | learned |" in "\n".join(results_page.bench_table(summary))
     printed = capsys.readouterr().out
     # The printed figures carry the name the JSON and the section use.
     assert f"{key}: learned met / oracle policy (same runs)" in printed
@@ -34,8 +41,8 @@ def test_a_stress_run_writes_its_figures_and_its_section(tmp_path, monkeypatch, 
 def test_the_stress_suite_runs_every_variant_on_the_held_out_seeds(monkeypatch):
     seen = {}
 
-    def fake(sets, prior_error, out, begin, end):
-        seen.update(sets=sets, prior_error=prior_error, out=out, begin=begin, end=end)
+    def fake(sets, prior_error, out, key):
+        seen.update(sets=sets, prior_error=prior_error, out=out, key=key)
         return {}
 
     monkeypatch.setattr(bench_stress, "run_sets", fake)
@@ -44,16 +51,14 @@ def test_the_stress_suite_runs_every_variant_on_the_held_out_seeds(monkeypatch):
 
     assert [name for name, _ in seen["sets"]] == list(STRESS)
     assert all(seeds == tuple(range(1001, 1021)) for _, seeds in seen["sets"])
-    assert seen["prior_error"] is None and seen["begin"] != seen["end"]
+    assert seen["prior_error"] is None and seen["key"] == "stress"
 
 
 def test_sets_of_one_scenario_are_also_pooled_over_all_their_seeds(tmp_path, monkeypatch):
-    doc = tmp_path / "results.md"
-    doc.write_text(f"{bench_stress.BEGIN}\n{bench_stress.END}\n")
-    monkeypatch.setenv("DQOES_BENCH_UPDATE", str(doc))
+    monkeypatch.setenv("DQOES_BENCH_DATA", str(tmp_path))
     out = tmp_path / "two.json"
     sets = [("random-cluster-crowded", (2,)), ("random-cluster-crowded", (3,)), ("random-cluster-scarce", (2,))]
-    figures = run_sets(sets, None, out, bench_stress.BEGIN, bench_stress.END)
+    figures = run_sets(sets, None, out, bench_stress.KEY)
 
     pooled = "random-cluster-crowded, every set above"
     # Only the scenario run in more than one set is pooled.
@@ -72,9 +77,12 @@ def test_sets_of_one_scenario_are_also_pooled_over_all_their_seeds(tmp_path, mon
     met = figures[pooled]["learned_met_to_oracle_policy"]
     assert met["value"] == pytest.approx(total("learned", "met") / total("oracle", "met"))
     assert saved[pooled]["pooled"] == 2
-    text = doc.read_text()
-    assert "#### random-cluster-crowded, every held-out seed above together (2 seeds)" in text
-    assert f"in band {band['value']:.4f} x" in text
+    stored = orjson.loads((tmp_path / "bench-stress.json").read_bytes())["sets"]
+    assert stored[-1] == {"scenario": "random-cluster-crowded", "seeds": "every held-out set above", "n": 2,
+                          "to_oracle_policy": {"learned": {"met": [met["value"], met["se"]],
+                                                           "in_band": [band["value"], band["se"]]}}}
+    # Each set's means carry their standard error over its seeds (none for a set of one seed).
+    assert all(p["met_se"] is None for s in stored[:-1] for p in s["policies"].values())
 
 
 def test_a_quicker_look_at_a_few_seeds_keeps_the_held_out_results_as_they_are(tmp_path, monkeypatch, capsys):
@@ -82,7 +90,7 @@ def test_a_quicker_look_at_a_few_seeds_keeps_the_held_out_results_as_they_are(tm
 
     seen = {}
 
-    def fake(sets, prior_error, out, begin, end, *, rescue=False, update=True):
+    def fake(sets, prior_error, out, key, *, rescue=False, update=True):
         seen.update(sets=sets, out=out, update=update)
         return {}
 
@@ -94,10 +102,9 @@ def test_a_quicker_look_at_a_few_seeds_keeps_the_held_out_results_as_they_are(tm
     monkeypatch.delenv("DQOES_BENCH_SEEDS")
     bench_policies.run()
     assert seen["out"] == bench_policies.OUT and seen["update"] is True
-    # And a run that is not to update the section says so, leaving the file as it was.
-    doc = tmp_path / "results.md"
-    doc.write_text(f"{bench_stress.BEGIN}\nold\n{bench_stress.END}\n")
-    monkeypatch.setenv("DQOES_BENCH_UPDATE", str(doc))
-    run_sets([("random-cluster-crowded", (2,))], None, tmp_path / "q.json", bench_stress.BEGIN, bench_stress.END,
-             update=False)
-    assert "old" in doc.read_text() and "is left as it was" in capsys.readouterr().out
+    # And a run that is not to update the summary says so, leaving the file as it was.
+    stored = tmp_path / "bench-stress.json"
+    stored.write_text("old")
+    monkeypatch.setenv("DQOES_BENCH_DATA", str(tmp_path))
+    run_sets([("random-cluster-crowded", (2,))], None, tmp_path / "q.json", bench_stress.KEY, update=False)
+    assert stored.read_text() == "old" and "is left as it was" in capsys.readouterr().out

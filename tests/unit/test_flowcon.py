@@ -217,7 +217,7 @@ def test_stale_and_unmeasured_jobs_keep_their_list_and_limit():
 # --- Algorithm 3: the adaptive threshold -------------------------------------------------------
 
 def test_threshold_from_growth_never_lets_the_last_growing_job_complete():
-    """Our note in docs/algorithms.md: averaging G, the last job outside CL is always >= alpha."""
+    """The note in docs/design/flowcon.md: averaging G, the last job outside CL is always >= alpha."""
     p = FlowConPolicy(FlowConParams(threshold_from="growth"))
     p.stages = {"a": WL, "b": CL}
     p.limits = {"a": 1.0, "b": 0.25}

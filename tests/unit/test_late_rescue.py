@@ -1,6 +1,6 @@
 """Late batches rescued (`late_rescue`): a running batch likely to end past its band's slow edge gets
 more CPU for the rest of it, from what no limit holds and from containers that cannot be met, and its
-limit returns to the plan once it ends (docs/algorithms.md, "Late batches")."""
+limit returns to the plan once it ends (docs/design/learned.md, "Late batches")."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Replicas on a node (same model, same images per batch) share what their curves show.
 
-docs/algorithms.md, "Work shared by replicas": each curve's height takes its replicas' as a prior, as
+docs/design/learned.md, "Work shared by replicas": each curve's height takes its replicas' as a prior, as
 wide as replicas on the node are seen to differ; a newcomer with a replica is placed before its first
 batch; a replica whose curve moved on its own leaves the pool.
 """

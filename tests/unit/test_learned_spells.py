@@ -1,5 +1,5 @@
 """The learned allocator telling a slow spell of the whole node (every curve off alike) from one
-curve's drift (`spell_guard`, docs/algorithms.md "Spells shared by a node").
+curve's drift (`spell_guard`, docs/design/learned.md "Spells shared by a node").
 
 Rounds are fed by hand, with explicit times: four containers on four cores at one core each, one
 batch each per 10-s round, each batch held by its limit, alternately 3 % over and under its curve;

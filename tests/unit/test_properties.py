@@ -82,7 +82,7 @@ def small_scenarios(draw):
     )
     # Noise-free: with per-batch noise a container whose steady latency sits a
     # hair outside its band lands inside now and then, so only the noise-free
-    # physics gives a strict bound (docs/algorithms.md, "The oracle").
+    # physics gives a strict bound (docs/design/oracle.md, "The oracle bound").
     return Scenario("prop", (NodeSpec("n1", cores),), containers, models, 900.0, noise_sigma=0.0)
 
 
