@@ -33,24 +33,6 @@ PAGES = sorted([REPO / "README.md", *(REPO / "docs").rglob("*.md")])
 OWN_PAGES = [REPO / "README.md", REPO / "docs" / "README.md",
              *sorted((REPO / "docs" / "guide").glob("*.md")), *sorted((REPO / "docs" / "reference").glob("*.md"))]
 
-UPCOMING: set[str] = {
-    "docs/design",
-    "docs/design/architecture.md",
-    "docs/decisions",
-}
-"""Link targets that another branch adds (the design pages and decision records). A link to one of
-these passes while it is missing; once it exists it must leave this set (a test below says so)."""
-
-REWRITTEN_ELSEWHERE: set[str] = {
-    "docs/algorithms.md",
-    "docs/architecture.md",
-    "docs/simulator.md",
-    "docs/results.md",
-}
-"""Pages another branch replaces (design/ and the regenerated results.md) whose old links still name the
-pages that moved into guide/ and reference/: their links are not checked until that branch is merged
-and this set is emptied. A page of the set that no longer exists must leave it (a test below says so)."""
-
 
 def rel(path: Path) -> str:
     return str(path.relative_to(REPO))
@@ -154,8 +136,6 @@ def dqoes_lines() -> list[tuple[str, list[str]]]:
     """(page, words after `dqoes`) of every `dqoes` line, written out in full (no [optional] brackets)."""
     out = []
     for page in PAGES:
-        if rel(page) in REWRITTEN_ELSEWHERE:
-            continue
         for line in shell_lines(page.read_text()):
             for part in re.split(r"\||&&|;", line):
                 try:
@@ -248,7 +228,7 @@ def anchors(page: Path) -> set[str]:
         n = seen.get(a, 0)
         seen[a] = n + 1
         out.add(a if n == 0 else f"{a}-{n}")
-    return out
+    return out | set(re.findall(r'<a id="([^"]+)"></a>', text))
 
 
 def links(page: Path) -> list[str]:
@@ -259,8 +239,6 @@ def links(page: Path) -> list[str]:
 
 @pytest.mark.parametrize("page", PAGES, ids=rel)
 def test_no_dead_relative_link(page):
-    if rel(page) in REWRITTEN_ELSEWHERE:
-        pytest.skip("rewritten on another branch; checked once it is merged")
     dead = []
     for target in links(page):
         if re.match(r"[a-z]+:", target):
@@ -271,22 +249,11 @@ def test_no_dead_relative_link(page):
             dead.append(target)
             continue
         if not dest.exists():
-            if rel(dest) not in UPCOMING:
-                dead.append(target)
+            dead.append(target)
             continue
         if frag and dest.suffix == ".md" and frag not in anchors(dest):
             dead.append(target)
     assert not dead, f"{rel(page)}: dead links {dead}"
-
-
-def test_upcoming_targets_are_still_missing():
-    arrived = sorted(t for t in UPCOMING if (REPO / t).exists())
-    assert not arrived, f"these exist now: take them out of UPCOMING in {rel(Path(__file__))}: {arrived}"
-
-
-def test_pages_rewritten_elsewhere_still_exist():
-    gone = sorted(p for p in REWRITTEN_ELSEWHERE if not (REPO / p).exists())
-    assert not gone, f"take these out of REWRITTEN_ELSEWHERE in {rel(Path(__file__))}: {gone}"
 
 
 def test_the_generated_reference_is_current():
