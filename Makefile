@@ -68,7 +68,7 @@ results: setup
 # Every figure in docs/img: the dashboard's Altair figure functions rendered offline (vl-convert),
 # from the recorded data in docs/, then the dashboard screenshot.
 figures: setup
-	$(BIN)/dqoes calibrate --from docs/calibration/profiles.toml --plot docs/img/calibration.svg --update docs/guide/calibration.md
+	$(BIN)/dqoes calibrate --from experiments/profiles.toml --plot docs/img/calibration.svg --update docs/guide/calibration.md
 	$(MAKE) screenshot
 
 # The README's picture of the dashboard: the browser test of the recorded DQoES-vs-default

@@ -325,7 +325,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resolution", type=int, default=d.resolution, help="image side in px (default 224, as calibrated; work scaled by pixels)")
     p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
     p.add_argument("--profiles", help="profiles file for the forecast (default: $DQOES_PROFILES, else "
-                   "docs/calibration/profiles.toml, else the built-ins)")
+                   "the profiles packaged with dqoes, measured on a 2-core machine)")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this machine's profiles for the run's models first (`dqoes calibrate` at the "
                    "run's batch size and resolution; one to two minutes for ResNet-50 and MobileNetV2 on a 2-core "
