@@ -1,7 +1,7 @@
 """The package as a user installs it: a wheel built from the tree, in a fresh virtual environment.
 
-Why: `dqoes experiment` must work wherever the package is installed, not only from the checkout, and
-the wheel carries the product alone: the lab (`python -m lab`, the project's own research tools)
+Why: `dqoes experiment` and the dashboard must work wherever the package is installed, not only from
+the checkout (nothing they start is pointed at the source tree), and the wheel carries the product alone: the lab (`python -m lab`, the project's own research tools)
 stays out, and the data files the product reads (the calibrated profiles) come with it.
 """
 
@@ -11,9 +11,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import sysconfig
+import urllib.request
 import zipfile
 from pathlib import Path
 
@@ -96,3 +98,35 @@ def test_compare_runs_outside_the_checkout_from_the_installed_package(installed,
                  "p, shown = load_profiles(None); print(shown, sorted(p)[:2])"], cwd=tmp_path)
     assert prof.returncode == 0, prof.stderr
     assert prof.stdout.startswith("experiments/profiles.toml"), prof.stdout
+
+
+def test_the_installed_dashboard_starts_outside_the_checkout_on_the_users_runs(installed, tmp_path):
+    _, venv = installed
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "DQOES_NATS_URL")}
+    env["DQOES_STATE_DIR"] = str(tmp_path / "state")
+    proc = subprocess.Popen([str(venv / "bin" / "dqoes"), "dashboard", "--no-live", "--runs", "runs", "--json"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("{"), (line, proc.stderr.read() if proc.poll() is not None else "")
+        url = json.loads(line)["url"]
+        with urllib.request.urlopen(f"{url}/_stcore/health", timeout=5) as r:
+            assert r.read().decode() == "ok"
+        # The server was told the folder the user named, where the user named it.
+        server = next(p for p in Path("/proc").glob("[0-9]*")
+                      if (p / "cmdline").is_file() and b"dashboard.serve" in (p / "cmdline").read_bytes()
+                      and str(tmp_path / "runs").encode() in (p / "cmdline").read_bytes())
+        assert Path(os.readlink(server / "cwd")) == tmp_path
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
+
+
+def test_the_dashboard_is_given_the_runs_folder_resolved_where_the_user_named_it(tmp_path, monkeypatch):
+    from dashboard import launch
+
+    monkeypatch.chdir(tmp_path)
+    cmd = launch.command([], 8501, runs_dir="out")
+    assert cmd[cmd.index("--runs") + 1] == str(tmp_path / "out")
