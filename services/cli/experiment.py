@@ -246,7 +246,8 @@ PROFILES_HELP = ("model profiles (e.g. from `dqoes calibrate --out`) replacing t
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("experiment", help="run the simulator on built-in or user scenarios",
-                        description="Run DQoES, default Swarm or the oracle on a simulated cluster.")
+                        description="Run the allocators (learned, DQoES, default Swarm, the oracle, ...) on a "
+                        "simulated cluster, or try them on this node's real containers (real).")
     es = ex.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     p = es.add_parser("list", help="list built-in scenarios")

@@ -130,3 +130,13 @@ def test_the_dashboard_is_given_the_runs_folder_resolved_where_the_user_named_it
     monkeypatch.chdir(tmp_path)
     cmd = launch.command([], 8501, runs_dir="out")
     assert cmd[cmd.index("--runs") + 1] == str(tmp_path / "out")
+
+
+def test_nothing_in_the_product_points_what_it_starts_at_the_source_tree():
+    """What the product starts finds its modules as installed: no PYTHONPATH or cwd set to the tree."""
+    found = [f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+             for pkg in ("shared", "services", "dashboard", "experiments")
+             for path in sorted((REPO / pkg).rglob("*.py"))
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if "PYTHONPATH" in line or re.search(r"\bcwd\s*=", line)]
+    assert found == []
