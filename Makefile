@@ -35,7 +35,7 @@ demo: setup
 
 lint: setup
 	$(BIN)/lint-imports
-	$(BIN)/ruff check shared services dashboard experiments tests bench
+	$(BIN)/ruff check shared services dashboard experiments lab tests bench
 	$(BIN)/mypy
 
 test: lint
@@ -50,7 +50,7 @@ fuzz: setup
 	$(BIN)/python -m bench fuzz
 
 # The held-out and stress benchmarks take half an hour: they store their summaries in docs/data, and
-# `make results` renders those without running them again (experiments/results_page.py).
+# `make results` renders those without running them again (lab/results_page.py).
 bench-policies: setup
 	DQOES_BENCH_DATA=docs/data $(BIN)/python -m bench policies
 	$(MAKE) results
@@ -62,13 +62,13 @@ bench-stress: setup
 # docs/results.md, every number a table rendered from docs/data/*.json; the paper's and the training
 # scenarios are simulated again first (about a minute, deterministic for the same code).
 results: setup
-	$(BIN)/python -m experiments.results_page simulate --seeds 1-5
-	$(BIN)/python -m experiments.results_page render
+	$(BIN)/python -m lab results simulate --seeds 1-5
+	$(BIN)/python -m lab results render
 
 # Every figure in docs/img: the dashboard's Altair figure functions rendered offline (vl-convert),
 # from the recorded data in docs/, then the dashboard screenshot.
 figures: setup
-	$(BIN)/dqoes calibrate --from docs/calibration/profiles.toml --plot docs/img/calibration.svg --update docs/guide/calibration.md
+	$(BIN)/dqoes calibrate --from experiments/profiles.toml --plot docs/img/calibration.svg --update docs/guide/calibration.md
 	$(MAKE) screenshot
 
 # The README's picture of the dashboard: the browser test of the recorded DQoES-vs-default

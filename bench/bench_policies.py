@@ -32,7 +32,7 @@ noise).
 Writes bench/out/policies.json (every run); with $DQOES_BENCH_DATA (as `make
 bench-policies` sets it: docs/data) also the means, standard errors and ratios
 docs/results.md is rendered from (bench-policies.json there;
-experiments/results_page.py). $DQOES_BENCH_SEEDS=A-B runs only seeds A-B of
+lab/results_page.py). $DQOES_BENCH_SEEDS=A-B runs only seeds A-B of
 each scenario, writes bench/out/policies-seeds-A-B.json and leaves the stored
 summary as it was.
 """
@@ -50,7 +50,8 @@ from typing import Any
 import orjson
 
 from bench.common import report
-from experiments import policies, results_page
+from experiments import policies
+from lab import results_page
 
 SEEDS = tuple(range(1001, 1021))
 FURTHER = ("random-cluster-40", tuple(range(2001, 2101)))
@@ -62,7 +63,7 @@ SCENARIOS = ("random-cluster-40", "paper-cluster-40")
 PRIOR_ERROR = 0.30
 OUT = Path(__file__).resolve().parent / "out" / "policies.json"
 KEY = "policies"
-"""Which of experiments/results_page.py's summaries this suite writes."""
+"""Which of lab/results_page.py's summaries this suite writes."""
 
 
 def seed_sets() -> list[tuple[str, tuple[int, ...]]]:

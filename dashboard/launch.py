@@ -24,7 +24,6 @@ from shared.ports import free_port
 
 log = logging.getLogger(__name__)
 
-ROOT = Path(__file__).resolve().parents[1]
 READY_TIMEOUT_S = 60.0
 
 
@@ -59,8 +58,8 @@ def command(
         "--",
         *source_args(sources),
     ]
-    if runs_dir:
-        cmd += ["--runs", str(runs_dir)]
+    if runs_dir:  # the user's folder: resolved here, where the user named it, not in the server's cwd
+        cmd += ["--runs", str(Path(runs_dir).resolve())]
     if refresh_s is not None:
         cmd += ["--refresh", repr(float(refresh_s))]
     return cmd
@@ -89,15 +88,13 @@ def start(
     port = port or free_port()
     cmd = command(sources, port, runs_dir, address, refresh_s)
     env = dict(os.environ)
-    root = str(ROOT)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
     if creds:
         env["DQOES_NATS_CREDS"] = str(creds)
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )
     finally:
         if log_path:

@@ -656,7 +656,7 @@ def real_runs_chart(df: pd.DataFrame) -> alt.HConcatChart:
         return (diagonal + points).properties(title=count, width=300, height=300)
 
     return alt.hconcat(panel("met"), panel("in band"),
-                       title="dqoes experiment real-index: every stored run against the oracle under its noise")
+                       title="python -m lab real-index: every stored run against the oracle under its noise")
 
 
 # --- outcomes and the ratio -------------------------------------------------------------

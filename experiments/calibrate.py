@@ -50,7 +50,6 @@ from shared.core.profiles import ModelProfile
 from shared.runtime import cgroupfs
 from shared.scenarios.spec import ScenarioError, load_profiles_file
 
-REPO = Path(__file__).resolve().parents[1]
 REAL_MODELS = ("resnet50", "mobilenetv2", "vgg16", "inceptionv3", "xception")
 ARCHITECTURE = {"nasnetmobile": "mobilenetv2"}
 """Profile names the real workload serves with another network (run.py's alias)."""
@@ -147,8 +146,7 @@ class Measurer:
         argv = [self.python, "-m", "services.inference.run", "--model", architecture, "--batch", str(batch),
                 "--resolution", str(resolution_px), "--batches", str(batches + warmup), "--json",
                 *(["--threads", str(threads)] if threads is not None else [])]
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         lat: list[float] = []
         cpu: list[float] = []
         allocator: str | None = None
@@ -156,7 +154,7 @@ class Measurer:
         t_start = time.monotonic()
         total_cpu = 0.0
         with tempfile.TemporaryFile() as err:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env, cwd=str(REPO),
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env,
                                     preexec_fn=join, text=True)
             try:
                 used = 0.0

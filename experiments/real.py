@@ -76,8 +76,12 @@ from shared.schema import DecisionMsg, LatencyEvent, NodeState
 from shared.settings import policy_entry
 from shared.sim.engine import simulate
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_PROFILES = REPO / "docs" / "calibration" / "profiles.toml"
+DEFAULT_PROFILES = Path(__file__).with_name("profiles.toml")
+"""The profiles measured on the project's 2-core machine (package data; docs/guide/calibration.md)."""
+DEFAULT_PROFILES_NAME = "experiments/profiles.toml"
+"""How a summary names them: the same wherever the package is installed."""
+OLD_DEFAULT_PROFILES_NAMES = ("docs/calibration/profiles.toml",)
+"""Where summaries written before the profiles became package data found the same file."""
 BEGIN = "<!-- BEGIN generated: dqoes experiment real -->"
 END = "<!-- END generated: dqoes experiment real -->"
 FACTORS = (0.8, 3.0, 1.6, 5.0, 2.2, 8.0)
@@ -195,8 +199,7 @@ class RealRun:
     def _spawn(self, what: str, args: list[str], identity: str) -> None:
         assert self.nats is not None
         args = [*args, "--creds", str(self.nats.creds(identity))]
-        env = {**os.environ, "PYTHONUNBUFFERED": "1",
-               "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with (self.run_dir / f"{what}.log").open("ab") as log:
             self.procs[what] = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
                                                 env=env, start_new_session=True)
@@ -915,7 +918,7 @@ def load_profiles(path: str | None) -> tuple[dict[str, ModelProfile], str]:
         loaded = load_profiles_file(p)
     except ScenarioError as e:
         raise ExperimentError(str(e)) from None
-    shown = os.path.relpath(p, REPO) if Path(p).resolve().is_relative_to(REPO) else p
+    shown = DEFAULT_PROFILES_NAME if Path(p).resolve() == DEFAULT_PROFILES.resolve() else p
     return {**BUILTIN_PROFILES, **loaded}, shown
 
 
@@ -926,12 +929,13 @@ def batch_profiles(profiles: Mapping[str, ModelProfile], images: int, resolution
 
 
 def profiles_named(shown: str) -> dict[str, ModelProfile]:
-    """The profiles a summary names (as load_profiles showed them: "built-in", or a path, relative to the
-    repository where it lies in it)."""
+    """The profiles a summary names (as load_profiles showed them: "built-in", the packaged default by its
+    name, or a path)."""
     if shown == "built-in":
         return dict(BUILTIN_PROFILES)
-    path = Path(shown)
-    return load_profiles(str(path if path.is_absolute() or path.exists() else REPO / path))[0]
+    if shown in (DEFAULT_PROFILES_NAME, *OLD_DEFAULT_PROFILES_NAMES):
+        return load_profiles(str(DEFAULT_PROFILES))[0]
+    return load_profiles(shown)[0]
 
 
 def summary_profiles(d: dict[str, Any]) -> dict[str, ModelProfile]:

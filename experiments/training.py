@@ -19,8 +19,8 @@ from shared.scenarios.training import TRAINING_BUILTINS, TrainingProfile, load_t
 from shared.sim.training import TrainingSimResult, simulate_training
 from shared.timeline import run_file_name, write_jsonl
 
-REPORT_BEGIN = "<!-- BEGIN generated: dqoes experiment training-report -->"
-REPORT_END = "<!-- END generated: dqoes experiment training-report -->"
+REPORT_BEGIN = "<!-- BEGIN generated: python -m lab training-report -->"
+REPORT_END = "<!-- END generated: python -m lab training-report -->"
 POLICIES = ("flowcon", "default")
 
 
@@ -104,7 +104,7 @@ def _fmt_pct(x: float | None) -> str:
 def render_report(data: Mapping[str, Any]) -> str:
     lines = [REPORT_BEGIN, ""]
     lines.append(
-        "Per built-in training scenario, from `dqoes experiment training-report` (simulator, the training "
+        "Per built-in training scenario, from `python -m lab training-report` (simulator, the training "
         "profiles of docs/training.md): makespan (first submission to last completion) and mean completion time "
         "(submission to completion, averaged over the jobs), FlowCon vs default Swarm on the same jobs and "
         "submission times for each seed, the means over the seeds, FlowCon's change, and the paper's figure. "

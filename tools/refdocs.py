@@ -1,10 +1,12 @@
 """Generate the reference pages that must never drift from the code.
 
-`python -m tools.refdocs` rewrites two pages of docs/reference/:
+`python -m tools.refdocs` rewrites three pages of docs/reference/:
 
 - cli.md: the `--help` of every `dqoes` sub-command (walked from the argparse
   tree of `services.cli.main.build_parser`) and of every service module
   (`python -m services.worker` and the others), as argparse prints it;
+- lab.md: the same for the project's research tools, `python -m lab` (the
+  checkout's lab/ package, not shipped in the wheel);
 - policies.md: every policy in the registry (shared/core/registry.py), its
   summary, and each parameter with its default and the docstring written
   under the field of its parameters dataclass.
@@ -95,11 +97,32 @@ def cli_page() -> str:
         "# Command-line reference\n",
         "Every command's `--help`, as it prints it. Every flag of a service module also reads the "
         "environment variable named beside it; the defaults are those of a machine with no `DQOES_*` "
-        "variables set. Task-oriented pages: [the guide](../guide/quickstart.md).\n",
+        "variables set. Task-oriented pages: [the guide](../guide/quickstart.md). The project's own research "
+        "tools are not part of `dqoes`: [`python -m lab`](lab.md), in the checkout.\n",
         "\n".join(index) + "\n",
     ]
     parts += [_block(" ".join(("dqoes", *p)), text) for p, text in dqoes]
     parts += [_block(f"python -m {m}", text) for m, text in modules]
+    return "\n".join(parts)
+
+
+def lab_page() -> str:
+    from lab.cli import build_parser
+
+    with _fixed_environment():
+        actions = [(p, text) for p, text in _walk(build_parser())]
+    titles = [" ".join(("python -m lab", *p)) for p, _ in actions]
+    parts = [
+        HEADER,
+        "# The lab: the project's research tools\n",
+        "`python -m lab ACTION`, run from a checkout of the repository (the `dqoes` package leaves the lab "
+        "out, and nothing in the product imports it). These are the tools the project measures and "
+        "develops its policies with: `make results` renders [the results](../results.md) with "
+        "`python -m lab results`. Every action's `--help`, as it prints it; what a user of `dqoes` runs is "
+        "in [the CLI reference](cli.md).\n",
+        "\n".join(f"- [`{t}`](#{_anchor(t)})" for t in titles) + "\n",
+    ]
+    parts += [_block(t, text) for t, (_, text) in zip(titles, actions, strict=True)]
     return "\n".join(parts)
 
 
@@ -169,7 +192,7 @@ def policies_page() -> str:
     return "\n".join(parts)
 
 
-PAGES = {"cli.md": cli_page, "policies.md": policies_page}
+PAGES = {"cli.md": cli_page, "lab.md": lab_page, "policies.md": policies_page}
 
 
 def main(argv: list[str] | None = None) -> int:

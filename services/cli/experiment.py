@@ -2,36 +2,26 @@
 
 Thin: parse arguments, call the simulator or the `experiments` package,
 format. Tables for people, one JSON object on the last line of stdout with
---json for programs.
+--json for programs. Only what a user of the product needs is here (the
+scenarios, comparisons, the paper's report, the real-node trial); the
+project's own research tools are `python -m lab` in the checkout.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
-from experiments import (
-    paired,
-    real,
-    real_index,
-    replay,
-    report,
-    threads,
-    training_calibrate,
-    training_real,
-    weights,
-)
+from experiments import paired, real, report
 from experiments import training as training_exp
-from experiments.common import read_back_json, reading_back, update_section
-from services.cli.common import CliError, emit_json, parse_assignments, parse_seeds, profiles_from
+from experiments.common import update_section
+from services.cli.common import CliError, emit_json, parse_seeds, profiles_from
 from services.cli.progress import Progress
 from shared.core import registry
 from shared.core.profiles import ModelProfile
 from shared.scenarios.builtin import BUILTINS
 from shared.scenarios.training import TRAINING_BUILTINS
-from shared.settings import parse_policy_entry, policy_entry
 from shared.sim.engine import SimResult
 from shared.timeline import run_file_name
 
@@ -230,90 +220,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_training_report(args: argparse.Namespace) -> int:
-    seeds = parse_seeds(args.seeds)
-    names = args.scenarios.split(",") if args.scenarios else list(TRAINING_BUILTINS)
-    for n in names:
-        if n not in TRAINING_BUILTINS:
-            raise CliError(f"--scenarios: unknown training scenario {n!r} (choose from {', '.join(TRAINING_BUILTINS)})")
-    data = training_exp.report_data(names, seeds, progress=lambda m: print(m, file=sys.stderr, flush=True))
-    md = training_exp.render_report(data)
-    if args.update:
-        update_section(Path(args.update), md, training_exp.REPORT_BEGIN, training_exp.REPORT_END)
-    if args.json:
-        emit_json({"report": data})
-    elif not args.update:
-        print(md)
-    return 0
-
-
-def cmd_training_real(args: argparse.Namespace) -> int:
-    opts = training_real.TrainingRealOptions(
-        jobs=args.jobs, policies=args.policies, cores=args.cores, threads=args.threads, interval_s=args.interval,
-        timeout_s=args.timeout, repeat=args.repeat, out=args.out, from_file=args.from_file, update=args.update)
-    s, md = training_real.run(opts, lambda m: print(m, file=sys.stderr, flush=True))
-    if args.json:
-        emit_json(s)
-    elif not args.update:
-        print(md)
-    return 0
-
-
-def cmd_calibrate_training(args: argparse.Namespace) -> int:
-    models = [m.strip() for m in args.models.split(",") if m.strip()]
-    if args.epochs < 3:
-        raise CliError("--epochs must be >= 3 (a curve needs three points)")
-    what = "a `dqoes experiment calibrate-training --json` output"
-    measured = when = host = None
-    if args.from_file:
-        old = read_back_json(args.from_file, what)
-        # --from measures nothing: a file without its measurements is an error, never a new measurement.
-        measured = old.get("raw")
-        if not isinstance(measured, dict):
-            raise CliError(f"--from {args.from_file}: not {what} (no \"raw\" measurements)")
-        when, host = old.get("date"), (old.get("machine") or {}).get("host")
-    with reading_back(args.from_file, what):
-        d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True),
-                                         measured=measured, when=when, host=host)
-    if args.out:
-        Path(args.out).write_text(d["toml"])
-    if args.json:
-        emit_json(d)
-    else:
-        print(training_calibrate.render_markdown(d))
-    return 0
-
-
-def cmd_threads(args: argparse.Namespace) -> int:
-    opts = threads.ThreadsOptions(models=args.models, limits=args.limits, pinned=args.pinned,
-                                  batch_size=args.batch_size, resolution=args.resolution, batches=args.batches,
-                                  warmup=args.warmup, cgroup_root=args.cgroup_root)
-    command = " ".join(["dqoes experiment threads", f"--models {args.models}", f"--limits {args.limits}",
-                        f"--pinned {args.pinned}", f"--batch-size {args.batch_size}"])
-    out = threads.run(opts, lambda m: print(m, file=sys.stderr, flush=True), from_file=args.from_file,
-                      update=args.update, command=command)
-    if args.json:
-        emit_json(out)
-    elif not args.update:
-        print(threads.render_markdown(out["rows"], out["machine"]))
-    return 0
-
-
-def cmd_weights(args: argparse.Namespace) -> int:
-    opts = weights.WeightsOptions(
-        quotas=args.quotas, workload=args.workload, model=args.model, batch_size=args.batch_size,
-        resolution=args.resolution, duration_s=args.duration_s, warmup_s=args.warmup_s, conditions=args.conditions,
-        neighbour_procs=args.neighbour_procs, neighbour_at=args.neighbour_at, section=args.section,
-        node_cores=args.node_cores, cgroup_root=args.cgroup_root)
-    out = weights.run(opts, lambda m: print(m, file=sys.stderr, flush=True), from_file=args.from_file,
-                      update=args.update)
-    if args.json:
-        emit_json(out)
-    elif not args.update:
-        print(weights.render_markdown(out, args.section))
-    return 0
-
-
 def cmd_real(args: argparse.Namespace) -> int:
     opts = real.RealOptions(
         containers=args.containers, duration_s=args.duration_s, policies=args.policies, runtime=args.runtime,
@@ -331,44 +237,6 @@ def cmd_real(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_real_index(args: argparse.Namespace) -> int:
-    out, md = real_index.run(args.paths, plot=args.plot, update=args.update)
-    if args.json:
-        emit_json(out)
-    elif not args.update:
-        print(md)
-    return 0
-
-
-def cmd_replay(args: argparse.Namespace) -> int:
-    try:
-        policy, run_settings = parse_policy_entry(args.policy)
-    except ValueError as e:
-        raise CliError(f"--policy: {e}") from None
-    if policy not in registry.names():
-        raise CliError(f"--policy: choose from {', '.join(registry.names())}")
-    # The run's own settings for that policy (its label says them), then the ones asked for.
-    settings = {**run_settings, **parse_assignments(args.set)}
-    try:
-        # The record is named by the label as `experiment real` wrote it (settings in name order).
-        rows, cores = replay.load_run(args.run_dir, policy_entry(policy, run_settings))
-        res = replay.replay(rows, policy, cores, settings)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    except (KeyError, TypeError, AttributeError, IndexError) as e:
-        raise CliError(f"{args.run_dir}: the record is not as `dqoes experiment real --out` writes it "
-                       f"({type(e).__name__}: {e})") from None
-    if args.json:
-        emit_json(res)
-    else:
-        print(replay.render(res))
-        if args.changes:
-            for c in res["changes"]:
-                print(f"{c['t_s']:8.2f} s  {c['container']}  {c['old_limit']:.4f} -> {c['new_limit']:.4f}  "
-                      f"{c['reason']}")
-    return 0
-
-
 POLICIES_HELP = ("policies (inference scenarios):\n" + registry.describe()
                  + "\npolicies (training scenarios, flowcon-*):\n" + registry.describe("training"))
 
@@ -378,7 +246,8 @@ PROFILES_HELP = ("model profiles (e.g. from `dqoes calibrate --out`) replacing t
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     ex = sub.add_parser("experiment", help="run the simulator on built-in or user scenarios",
-                        description="Run DQoES, default Swarm or the oracle on a simulated cluster.")
+                        description="Run the allocators (learned, DQoES, default Swarm, the oracle, ...) on a "
+                        "simulated cluster, or try them on this node's real containers (real).")
     es = ex.add_subparsers(dest="action", required=True, metavar="ACTION")
 
     p = es.add_parser("list", help="list built-in scenarios")
@@ -434,48 +303,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
     p.set_defaults(func=cmd_report)
 
-    p = es.add_parser("training-report",
-                      help="FlowCon vs default Swarm on the paper's training experiments over seeds, as Markdown",
-                      description="Run every built-in training scenario (flowcon-*) under FlowCon and default "
-                      "Swarm for each seed in the simulator; makespan and mean completion time next to the paper's.")
-    p.add_argument("--seeds", default="1-5", help="e.g. 1-5 or 1,3,7")
-    p.add_argument("--scenarios", help="comma-separated training built-ins (default: all)")
-    p.add_argument("--update", metavar="FILE", help="replace the generated section of this Markdown file")
-    p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
-    p.set_defaults(func=cmd_training_report)
-
-    p = es.add_parser(
-        "calibrate-training", help="fit the simulator's training-job profiles to the real workloads' loss curves",
-        description="Run each real training task alone (one thread) for --epochs epochs, fit "
-        "E(e) = floor + (start - floor) exp(-rate e) to its epoch losses, and write profiles for the simulator "
-        "(CPU per epoch scaled to paper-length jobs; docs/training.md). Progress goes to stderr.")
-    p.add_argument("--models", default="vae,cnn,mlp,lstm,gru", help="comma-separated (default: all five)")
-    p.add_argument("--epochs", type=int, default=30, help="epochs per task (default 30)")
-    p.add_argument("--out", metavar="TOML", help="write the fitted profiles here")
-    p.add_argument("--from", dest="from_file", metavar="JSON",
-                   help="measure nothing: fit the losses of an earlier --json output again")
-    p.add_argument("--json", action="store_true", help="last line of stdout: the measurements and fits")
-    p.set_defaults(func=cmd_calibrate_training)
-
-    tr = training_real.TrainingRealOptions()
-    p = es.add_parser(
-        "training-real", help="FlowCon vs default on real training processes here (root): completion, CPU split",
-        description="Start a private NATS, the manager and one worker (cgroup runtime), submit real training jobs "
-        "through dqoes.submit at their offsets under each policy in turn, and record completion times and every "
-        "job's CPU and limit after each training round. Needs root and torch. Progress goes to stderr.")
-    p.add_argument("--jobs", default=tr.jobs, help=f"model:offset_s:epochs, comma-separated (default {tr.jobs})")
-    p.add_argument("--policies", default=tr.policies, help=f"run in this order (default {tr.policies})")
-    p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
-    p.add_argument("--threads", type=int, default=tr.threads, help="every job's intra-op threads (default 2)")
-    p.add_argument("--interval", type=float, default=tr.interval_s, help="FlowCon's initial interval, s (default 2)")
-    p.add_argument("--timeout", type=float, default=tr.timeout_s, help="give up on a policy after N s (default 400)")
-    p.add_argument("--repeat", type=int, default=tr.repeat, help="run the policies in turn N times (default 1)")
-    p.add_argument("--out", help="directory for the raw records (default runs/training-real-<time>)")
-    p.add_argument("--from", dest="from_file", metavar="FILE", help="run nothing: report from a summary.json")
-    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
-    p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
-    p.set_defaults(func=cmd_training_real)
-
     p = es.add_parser(
         "real", help="DQoES vs default on real inference containers here, with the simulator's forecast",
         description="Start a private NATS, the manager and a worker, run N real inference workloads (Docker "
@@ -499,7 +326,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resolution", type=int, default=d.resolution, help="image side in px (default 224, as calibrated; work scaled by pixels)")
     p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
     p.add_argument("--profiles", help="profiles file for the forecast (default: $DQOES_PROFILES, else "
-                   "docs/calibration/profiles.toml, else the built-ins)")
+                   "the profiles packaged with dqoes, measured on a 2-core machine)")
     p.add_argument("--calibrate", action="store_true",
                    help="measure this machine's profiles for the run's models first (`dqoes calibrate` at the "
                    "run's batch size and resolution; one to two minutes for ResNet-50 and MobileNetV2 on a 2-core "
@@ -523,87 +350,3 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
     p.set_defaults(func=cmd_real)
 
-    p = es.add_parser(
-        "real-index", help="every stored real run at a glance, with the real-node goals checked run by run",
-        description="Read the summaries `dqoes experiment real` wrote (every real-*.json in a directory, or the "
-        "files named) and tabulate each policy run: met, in band and CPU spent, the oracle's bound, the "
-        "second-half means beside what the oracle expects under the noise that run measured, and for the learned "
-        "allocator per kind of node how many runs met at least default's count and kept in band at least the "
-        "bound less one, and at least the in-band count of the oracle under the run's noise less one. Runs nothing.",
-        epilog="example: dqoes experiment real-index docs/data --update docs/results.md")
-    p.add_argument("paths", nargs="*", default=["docs/data"], metavar="PATH",
-                   help="summaries, or directories of real-*.json (default docs/data)")
-    p.add_argument("--plot", metavar="FILE", help="write the figure (.svg or .png): each run's second-half means "
-                   "against what the oracle expects under its noise")
-    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
-    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object (summary, runs)")
-    p.set_defaults(func=cmd_real_index)
-
-    p = es.add_parser(
-        "replay", help="replay a recorded real run through a policy with other settings",
-        description="Feed the batches a `dqoes experiment real --out DIR` run recorded, at their times, to a "
-        "fresh policy and run its rounds when the worker ran them; count the limit changes it makes. With the "
-        "run's own settings the decisions come out as recorded; with others it says which limits would have "
-        "moved. Open loop: batches under limits never set are not known, so it says nothing of met or in band.",
-        epilog="example: dqoes experiment replay runs/real-3p-2511 --policy learned half_life_s=60")
-    p.add_argument("run_dir", metavar="DIR", help="a directory written by `dqoes experiment real --out`")
-    p.add_argument("set", nargs="*", metavar="NAME=VALUE", help="the policy's parameters to change")
-    p.add_argument("--policy", default="learned", help="whose record to replay, as the run's --policies named it "
-                   "(default learned; e.g. learned:half_life_s=0, whose settings then apply before NAME=VALUE)")
-    p.add_argument("--changes", action="store_true", help="also list every replayed change with its reason")
-    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
-    p.set_defaults(func=cmd_replay)
-
-    t = threads.ThreadsOptions()
-    p = es.add_parser(
-        "threads", help="the real workload with threads following its CPU limit vs pinned counts (root)",
-        description="Run the real inference workload in a cgroup under each CPU limit, once with its intra-op "
-        "threads following the limit (what the containers do) and once pinned to each given count, and report "
-        "seconds and CPU-seconds per batch and the gain. Needs root (cgroups) and torch. Progress: stderr.")
-    p.add_argument("--models", default=t.models, help=f"comma-separated (default {t.models})")
-    p.add_argument("--limits", default=t.limits, help=f"CPU limits in cores (default {t.limits})")
-    p.add_argument("--pinned", default=t.pinned, help=f"fixed thread counts to compare (default {t.pinned})")
-    p.add_argument("--batch-size", type=int, default=t.batch_size, help="images a batch (default 10)")
-    p.add_argument("--resolution", type=int, help="image side in px (default: the model's)")
-    p.add_argument("--batches", type=int, default=t.batches, help="measured batches per run (default 3)")
-    p.add_argument("--warmup", type=int, default=t.warmup, help="warm-up batches dropped (default 2)")
-    p.add_argument("--cgroup-root", default=t.cgroup_root, help="the cgroup filesystem")
-    p.add_argument("--from", dest="from_file", metavar="JSON", help="measure nothing: report a --json output")
-    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
-    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
-    p.set_defaults(func=cmd_threads)
-
-    w = weights.WeightsOptions()
-    p = es.add_parser(
-        "weights", help="do CPU weights protect quotas from an unmanaged neighbour? (root)",
-        description="Run managed groups under CPU quotas (the real inference workload, or busy loops) beside an "
-        "unmanaged neighbour group with one busy loop per core and no quota, in three conditions: alone; with the "
-        "neighbour, default weights; with the neighbour, managed weights = the kernel's maximum x quota / node "
-        "cores. Report per group the cores received, received / quota, throttled periods and batch latency. "
-        "Plain processes in cgroups (no Docker), all removed at the end. Needs root. Progress goes to stderr.")
-    p.add_argument("--quotas", help="managed quotas in cores, comma-separated (default: 25%% and 50%% of the node)")
-    p.add_argument("--workload", choices=("inference", "spin"), default=w.workload,
-                   help="inference: the real workload, threads following the quota; spin: one busy loop per "
-                   "started core of quota (default inference)")
-    p.add_argument("--model", default=w.model, help=f"the inference model (default {w.model})")
-    p.add_argument("--batch-size", type=int, default=w.batch_size, help=f"images a batch (default {w.batch_size})")
-    p.add_argument("--resolution", type=int, help="image side in px (default: the model's)")
-    p.add_argument("--duration-s", type=float, default=w.duration_s,
-                   help=f"measured seconds per condition (default {w.duration_s:g})")
-    p.add_argument("--warmup-s", type=float, default=w.warmup_s,
-                   help=f"seconds before measuring each condition (default {w.warmup_s:g})")
-    p.add_argument("--conditions", default=w.conditions,
-                   help=f"run in this order, from {','.join(weights.CONDITIONS)} (default {w.conditions}; parent: "
-                   "as weighted, and the managed groups' parent group weighted from the sum of their quotas; "
-                   "alone-weighted: no neighbour, the managed weights as in weighted)")
-    p.add_argument("--neighbour-procs", type=int, help="busy loops in the neighbour (default: one per node core)")
-    p.add_argument("--neighbour-at", choices=weights.NEIGHBOUR_AT, default=w.neighbour_at,
-                   help="sibling: the neighbour beside the managed groups under the run's parent group (another "
-                   "container); root: beside that parent (a host process outside docker/) (default sibling)")
-    p.add_argument("--node-cores", type=float, help="the node's cores (default: the CPUs this process may use)")
-    p.add_argument("--cgroup-root", default=w.cgroup_root, help="the cgroup filesystem")
-    p.add_argument("--from", dest="from_file", metavar="JSON", help="measure nothing: report a --json output")
-    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
-    p.add_argument("--section", help="with --update: a named generated section, for several runs in one file")
-    p.add_argument("--json", action="store_true", help="last line of stdout: one JSON object")
-    p.set_defaults(func=cmd_weights)

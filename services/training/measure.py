@@ -1,6 +1,6 @@
 """`python -m services.training.measure`: one training task alone, each epoch's loss and CPU as JSON lines.
 
-Why: `dqoes experiment calibrate-training` fits the simulator's job profiles
+Why: `python -m lab calibrate-training` fits the simulator's job profiles
 to these curves; running the real task in its own process (no NATS) keeps
 the measurement free of the experiment's own work.
 """

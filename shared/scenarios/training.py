@@ -6,7 +6,7 @@ simulator (`shared.sim.training`) runs it in virtual time.
 
 A profile is a job's measured shape: its evaluation value against epochs
 done, E(e) = floor + (start - floor) * exp(-rate * e) (fitted to the real
-workloads' curves by `dqoes experiment calibrate-training`), the CPU-seconds
+workloads' curves by `python -m lab calibrate-training`), the CPU-seconds
 one epoch costs, how many cores it can use alone (its threads), the
 per-report noise of E, and how many epochs a job of this kind runs in the
 paper-scale scenarios. The numbers, and which were measured on this machine
@@ -117,7 +117,7 @@ class TrainingScenario:
 
 
 # Built-in profiles: docs/calibration/training-profiles.toml, written by
-# `dqoes experiment calibrate-training` from the real workloads (services/training) measured on this
+# `python -m lab calibrate-training` from the real workloads (services/training) measured on this
 # project's 2-core machine (docs/data/training-calibration.json): the curve (start, floor, rate, delay)
 # and the noise are fitted; the CPU per epoch is the measured one x 51.7, so the mean job costs 500
 # CPU-seconds (a few minutes alone on a 4-core worker, the paper's scale); the demands are assumed

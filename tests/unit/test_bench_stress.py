@@ -8,7 +8,7 @@ import pytest
 
 from bench import bench_stress
 from bench.bench_policies import run_sets
-from experiments import results_page
+from lab import results_page
 
 
 def test_a_stress_run_writes_its_figures_and_its_summary(tmp_path, monkeypatch, capsys):

@@ -1,6 +1,5 @@
-"""Every `--from` that reads back an earlier run: a file that is not one is a clear error (exit 2) that
-measures nothing and writes nothing, where it was a traceback or, for calibrate-training, a new
-measurement of its own."""
+"""`dqoes experiment real --from` reads back an earlier run: a file that is not one is a clear error (exit 2)
+that measures nothing and writes nothing (the lab's own --from: tests/lab/test_lab_from_files.py)."""
 
 from __future__ import annotations
 
@@ -13,42 +12,12 @@ NOT_OURS = ["[]", "[1]", '{"real": 3}', '{"rows": [1], "machine": {}}', '{"raw":
 
 
 @pytest.mark.parametrize("content", NOT_OURS)
-@pytest.mark.parametrize("command", [
-    ["experiment", "calibrate-training", "--models", "vae"],
-    ["experiment", "training-real"],
-    ["experiment", "threads"],
-    ["experiment", "real"],
-    ["experiment", "weights"],
-])
-def test_a_file_that_is_not_an_earlier_run_is_a_clear_error(tmp_path, capsys, monkeypatch, command, content):
-    import experiments.training_calibrate as tc
-
-    def no_measuring(*a, **k):
-        raise AssertionError("--from measured")
-
-    monkeypatch.setattr(tc, "measure", no_measuring)
+def test_a_file_that_is_not_an_earlier_run_is_a_clear_error(tmp_path, capsys, content):
     src = tmp_path / "old.json"
     src.write_text(content)
     md = tmp_path / "results.md"
     md.write_text("# Results\n")
-    update = ["--update", str(md)] if command[1] != "calibrate-training" else []
-    assert main([*command, "--from", str(src), *update]) == 2
+    assert main(["experiment", "real", "--from", str(src), "--update", str(md)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("dqoes: error: --from") and "Traceback" not in err, err
     assert md.read_text() == "# Results\n"
-
-
-@pytest.mark.parametrize("summary, record", [
-    ("{}", '{"kind": "decision", "t_s": 1, "containers": {}}'),
-    ("[1, 2]", '{"kind": "decision", "t_s": 1, "containers": {}}'),
-    ('{"cores": -1}', '{"kind": "decision", "t_s": 1, "containers": {}}'),
-    ('{"cores": "two"}', '{"kind": "decision", "t_s": 1, "containers": {}}'),
-    ('{"cores": 2}', '{"kind": "decision", "t_s": 1, "containers": 5}'),
-    ('{"cores": 2}', '{"kind": "batch", "container": "c01", "latency_s": 1}'),
-])
-def test_replay_of_a_directory_that_is_not_a_run_is_a_clear_error(tmp_path, capsys, summary, record):
-    (tmp_path / "summary.json").write_text(summary)
-    (tmp_path / "learned.jsonl").write_text(record + "\n")
-    assert main(["experiment", "replay", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("dqoes: error:") and "Traceback" not in err, err

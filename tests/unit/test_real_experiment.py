@@ -590,3 +590,15 @@ def test_calibrate_is_refused_beside_a_profiles_file_or_a_read_back(tmp_path, ca
         assert says in capsys.readouterr().err
     assert realexp.command_line(realexp.RealOptions(calibrate=True)).endswith(" --calibrate")
     assert "--calibrate" not in realexp.command_line(realexp.RealOptions())
+
+
+def test_the_packaged_profiles_are_the_default_and_read_back_by_name_old_or_new(monkeypatch, tmp_path):
+    monkeypatch.delenv("DQOES_PROFILES", raising=False)
+    profiles, shown = realexp.load_profiles(None)
+    assert shown == "experiments/profiles.toml" and realexp.DEFAULT_PROFILES.is_file()
+    assert profiles["resnet50"] != BUILTIN_PROFILES["resnet50"]  # the calibrated one, not the built-in
+    # A summary names them so on any install; one written when they lay in docs/ reads back the same.
+    assert realexp.profiles_named(shown) == profiles == realexp.profiles_named("docs/calibration/profiles.toml")
+    other = tmp_path / "p.toml"
+    other.write_text(realexp.DEFAULT_PROFILES.read_text())
+    assert realexp.load_profiles(str(other)) == (profiles, str(other))

@@ -1,4 +1,4 @@
-"""`dqoes experiment replay`: a recorded run replayed through the policy that made it.
+"""`python -m lab replay`: a recorded run replayed through the policy that made it.
 
 The record is made here the way `dqoes experiment real` writes one (state,
 decision and batch rows, times in seconds), from a NodeController running the
@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from experiments import replay
-from services.cli.main import main
+from lab import replay
+from lab.cli import main
 from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.learned import LearnedParams, LearnedPolicy
@@ -231,25 +231,25 @@ def test_a_record_of_a_policy_run_with_settings_replays_with_them(tmp_path, caps
     (tmp_path / "summary.json").write_text(json.dumps({"cores": CORES, "runtime": "docker"}))
     rows, _ = record(duration_s=200.0, settings={"half_life_s": 0.0})
     (tmp_path / "learned+half_life_s=0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s=0", "--json"]) == 0
+    assert main(["replay", str(tmp_path), "--policy", "learned:half_life_s=0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["settings"] == {"half_life_s": 0.0} and out["agreement"] == 1.0
     # NAME=VALUE still wins over the label's settings.
-    assert main(["experiment", "replay", str(tmp_path), "half_life_s=60", "--policy", "learned:half_life_s=0",
+    assert main(["replay", str(tmp_path), "half_life_s=60", "--policy", "learned:half_life_s=0",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["settings"] == {"half_life_s": 60.0}
     # The label as typed need not be the record's own spelling: 0.0 is 0.
-    assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s=0.0", "--json"]) == 0
+    assert main(["replay", str(tmp_path), "--policy", "learned:half_life_s=0.0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["agreement"] == 1.0
-    assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s"]) == 2
+    assert main(["replay", str(tmp_path), "--policy", "learned:half_life_s"]) == 2
     assert "expected NAME=VALUE" in capsys.readouterr().err
     # NAME=VALUE after an option, as the command's own example has it.
-    assert main(["experiment", "replay", str(tmp_path), "--policy", "learned:half_life_s=0", "half_life_s=60",
+    assert main(["replay", str(tmp_path), "--policy", "learned:half_life_s=0", "half_life_s=60",
                  "--json"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["settings"] == {"half_life_s": 60.0}
     # Anything else after an option is still refused, as argparse refuses it.
     with pytest.raises(SystemExit) as e:
-        main(["experiment", "replay", str(tmp_path), "--json", "stray"])
+        main(["replay", str(tmp_path), "--json", "stray"])
     assert e.value.code == 2 and "unrecognized arguments: stray" in capsys.readouterr().err
 
 
@@ -266,14 +266,14 @@ def test_bad_settings_and_missing_records_are_clear_errors(run_dir, tmp_path):
 
 
 def test_the_command_prints_a_table_or_one_json_object(run_dir, capsys):
-    assert main(["experiment", "replay", str(run_dir), "half_life_s=0", "--json"]) == 0
+    assert main(["replay", str(run_dir), "half_life_s=0", "--json"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["settings"] == {"half_life_s": 0.0} and set(out["containers"]) == set(WORK_CPU_S)
-    assert main(["experiment", "replay", str(run_dir), "--changes"]) == 0
+    assert main(["replay", str(run_dir), "--changes"]) == 0
     text = capsys.readouterr().out
     assert "| fast |" in text and "learned: " in text
     assert out["stamps"] is None and "only when it received them" in text  # a record without finish stamps
-    assert main(["experiment", "replay", str(run_dir), "half_life=1"]) == 2
+    assert main(["replay", str(run_dir), "half_life=1"]) == 2
     assert "has no parameter half_life" in capsys.readouterr().err
 
 

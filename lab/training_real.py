@@ -43,8 +43,8 @@ from shared.bus import Bus
 from shared.schema import JobDone, NodeState, Progress, TrainingState
 
 REPO = Path(__file__).resolve().parents[1]
-BEGIN = "<!-- BEGIN generated: dqoes experiment training-real -->"
-END = "<!-- END generated: dqoes experiment training-real -->"
+BEGIN = "<!-- BEGIN generated: python -m lab training-real -->"
+END = "<!-- END generated: python -m lab training-real -->"
 NODE = "node-1"
 
 
@@ -267,14 +267,14 @@ def render_markdown(s: dict[str, Any], command: str) -> str:
 
 
 def command_line(opts: TrainingRealOptions) -> str:
-    return (f"dqoes experiment training-real --jobs {opts.jobs} --policies {opts.policies} --threads {opts.threads}"
+    return (f"python -m lab training-real --jobs {opts.jobs} --policies {opts.policies} --threads {opts.threads}"
             + (f" --repeat {opts.repeat}" if opts.repeat > 1 else "")
             + (f" --cores {opts.cores:g}" if opts.cores else "") + (f" --update {opts.update}" if opts.update else ""))
 
 
 def run(opts: TrainingRealOptions, log: Callable[[str], None]) -> tuple[dict[str, Any], str]:
     if opts.from_file:
-        s = read_back_json(opts.from_file, "a summary `dqoes experiment training-real` writes")
+        s = read_back_json(opts.from_file, "a summary `python -m lab training-real` writes")
     else:
         if os.geteuid() != 0:
             raise ExperimentError("training-real needs root (it runs the jobs in cgroups)")
@@ -299,7 +299,7 @@ def run(opts: TrainingRealOptions, log: Callable[[str], None]) -> tuple[dict[str
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "summary.json").write_text(json.dumps(s, indent=1))
         log(f"records in {run_dir}")
-    with reading_back(opts.from_file, "a summary `dqoes experiment training-real` writes"):
+    with reading_back(opts.from_file, "a summary `python -m lab training-real` writes"):
         md = render_markdown(s, s.get("command") or command_line(opts))
     if opts.update:
         update_section(Path(opts.update), md, BEGIN, END)

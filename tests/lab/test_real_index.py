@@ -1,4 +1,4 @@
-"""`dqoes experiment real-index`: the table of every stored real run, and the goals counted from it."""
+"""`python -m lab real-index`: the table of every stored real run, and the goals counted from it."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from experiments import real_index
 from experiments.common import ExperimentError
-from services.cli.main import main
+from lab import real_index
+from lab.cli import main
 
 
 def summary(started: str, runs: dict[str, dict], bound=(4, 4), cores=2.0, runtime="docker", n=5) -> dict:
@@ -133,7 +133,7 @@ def test_the_command_writes_its_section_and_json_and_refuses_what_is_not_a_summa
     md.write_text(f"# Results\n\n{real_index.BEGIN}\nstale table\n{real_index.END}\n\nafter\n")
     svg = tmp_path / "img" / "index.svg"
     svg.parent.mkdir()
-    assert main(["experiment", "real-index", str(data), "--update", str(md), "--plot", str(svg), "--json"]) == 0
+    assert main(["real-index", str(data), "--update", str(md), "--plot", str(svg), "--json"]) == 0
     ET.fromstring(svg.read_text())
     text = md.read_text()
     assert "](img/index.svg)" in text
@@ -143,7 +143,7 @@ def test_the_command_writes_its_section_and_json_and_refuses_what_is_not_a_summa
     assert out["summary"][0]["met_not_below_default"] == 1 and len(out["runs"]) == 2
     (data / "real-bad.json").write_text(json.dumps({"real": {}}))
     before = md.read_text()
-    assert main(["experiment", "real-index", str(data), "--update", str(md)]) == 2
+    assert main(["real-index", str(data), "--update", str(md)]) == 2
     assert "real-bad.json: not a summary" in capsys.readouterr().err
     assert md.read_text() == before  # nothing written
     empty = tmp_path / "empty"

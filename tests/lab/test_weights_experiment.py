@@ -1,4 +1,4 @@
-"""`dqoes experiment weights` for real: the inference workload and busy loops in real cgroups, briefly.
+"""`python -m lab weights` for real: the inference workload and busy loops in real cgroups, briefly.
 
 Needs torch, root and a writable cgroup filesystem (the `cgroup_root`
 fixture); without them it is skipped with the reason, unless
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments import weights
+from lab import weights
 from shared.runtime import cgroupfs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def test_weights_experiment_runs_the_inference_workload_and_cleans_up(tmp_path: 
     md = tmp_path / "results.md"
     md.write_text("# Results\n")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "experiment", "weights", "--quotas", "0.3,0.6", "--model",
+        [sys.executable, "-m", "lab", "weights", "--quotas", "0.3,0.6", "--model",
          "mobilenetv2", "--batch-size", "2", "--resolution", "64", "--duration-s", "3", "--warmup-s", "1",
          "--neighbour-at", "root", "--conditions", "alone,neighbour,weighted,parent", "--json", "--update", str(md)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
@@ -75,7 +75,7 @@ def test_weights_experiment_runs_the_inference_workload_and_cleans_up(tmp_path: 
 @pytest.mark.timeout(120)
 def test_an_interrupted_run_removes_its_processes_and_groups(cgroup_root: Path):
     proc = subprocess.Popen(
-        [sys.executable, "-m", "services.cli", "experiment", "weights", "--workload", "spin", "--quotas", "0.2,0.4",
+        [sys.executable, "-m", "lab", "weights", "--workload", "spin", "--quotas", "0.2,0.4",
          "--conditions", "neighbour", "--duration-s", "60", "--warmup-s", "1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     parent = _parent(cgroup_root, proc.pid)

@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from experiments import common
-from experiments.calibrate import ARCHITECTURE, NATIVE_PX, REPO, parse_models
+from experiments.calibrate import ARCHITECTURE, NATIVE_PX, parse_models
 from experiments.common import (
     ExperimentError,
     busy_cores_s,
@@ -74,16 +74,18 @@ from experiments.common import (
 )
 from shared.runtime import cgroupfs
 
-BEGIN = "<!-- BEGIN generated: dqoes experiment weights -->"
-END = "<!-- END generated: dqoes experiment weights -->"
+REPO = Path(__file__).resolve().parents[1]
+"""The checkout the lab runs from: its processes import the product from there."""
+BEGIN = "<!-- BEGIN generated: python -m lab weights -->"
+END = "<!-- END generated: python -m lab weights -->"
 
 
 def markers(section: str | None = None) -> tuple[str, str]:
     """The BEGIN/END lines of the generated section (a named one with --section)."""
     if not section:
         return BEGIN, END
-    return (f"<!-- BEGIN generated: dqoes experiment weights {section} -->",
-            f"<!-- END generated: dqoes experiment weights {section} -->")
+    return (f"<!-- BEGIN generated: python -m lab weights {section} -->",
+            f"<!-- END generated: python -m lab weights {section} -->")
 DEFAULT_QUOTA_SHARES = (0.25, 0.5)
 """Default quotas as shares of the node: they sum to 75 %, below the node as DQoES keeps them."""
 CONDITIONS = {
@@ -504,7 +506,7 @@ def _log_sd(latencies: Sequence[float]) -> float | None:
 
 
 def command_line(opts: WeightsOptions) -> str:
-    parts = ["dqoes experiment weights", f"--workload {opts.workload}"]
+    parts = ["python -m lab weights", f"--workload {opts.workload}"]
     if opts.quotas is not None:
         parts.append(f"--quotas {opts.quotas}")
     if opts.workload == "inference":
@@ -538,7 +540,7 @@ def machine(opts: WeightsOptions, cores: float) -> dict[str, Any]:
 def run(opts: WeightsOptions, log: Callable[[str], None], *, from_file: str | None = None,
         update: str | None = None) -> dict[str, Any]:
     """Measure (or read back a --json output), write the docs section; {"machine": ..., "result": ...}."""
-    what = "a `dqoes experiment weights --json` output"
+    what = "a `python -m lab weights --json` output"
     if from_file:
         d = read_back_json(from_file, what)
         with reading_back(from_file, what):
@@ -585,7 +587,7 @@ def render_markdown(out: dict[str, Any], section: str | None = None) -> str:
                      "under their parent group (as another container under Docker's docker/ group would be)")
     lines = [begin, ""]
     lines.append(
-        f"Measured {meta.get('measured_at', '?')} with `{meta.get('command', 'dqoes experiment weights')}` (root) "
+        f"Measured {meta.get('measured_at', '?')} with `{meta.get('command', 'python -m lab weights')}` (root) "
         f"on {meta.get('cores', '?')} cores ({meta.get('cpu_model', '?')}), cgroup {meta.get('cgroup', '?')}, "
         f"node of {meta.get('node_cores', '?'):g} cores; load average before the run "
         f"{' '.join(str(x) for x in load)}. Plain processes in cgroups: {what}; {neighbour}. Each condition: {meta.get('warmup_s', '?'):g} s warm-up, then "

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from experiments import weights
 from experiments.common import ExperimentError
+from lab import weights
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,7 +60,7 @@ def _result() -> dict:
             "neighbour_procs": 0, "neighbour_cores": 0.0, "other_cores": 0.02, "seconds": 60.0,
             "loadavg_before": [0.1, 0.2, 0.3], "loadavg_after": [0.5, 0.3, 0.3], "groups": groups}
     meta = {"measured_at": "2026-11-23 18:00 UTC", "cores": 2, "node_cores": 2.0, "cpu_model": "x", "cgroup": "v1",
-            "loadavg": [0.1, 0.2, 0.3], "command": "dqoes experiment weights", "workload": "inference",
+            "loadavg": [0.1, 0.2, 0.3], "command": "python -m lab weights", "workload": "inference",
             "model": "resnet50", "duration_s": 60.0, "warmup_s": 5.0}
     return {"machine": meta, "result": {"conditions": [cond], "weight_file": "cpu.shares",
                                         "weight_default_raw": 1024, "weight_max_raw": 262144, "cgroup_version": 1}}
@@ -118,10 +118,10 @@ def test_cli_bad_input_is_one_line_and_changes_nothing(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"machine": {}}')
     for args in (["--quotas", "2,1"], ["--from", str(bad), "--update", str(md)], ["--conditions", "x"]):
-        p = subprocess.run([sys.executable, "-m", "services.cli", "experiment", "weights", *args],
+        p = subprocess.run([sys.executable, "-m", "lab", "weights", *args],
                            capture_output=True, text=True, cwd=REPO, timeout=60)
         assert p.returncode == 2, p.stderr
-        assert p.stderr.startswith("dqoes: error: ") and p.stderr.count("\n") == 1
+        assert p.stderr.startswith("lab: error: ") and p.stderr.count("\n") == 1
     assert md.read_text() == "untouched\n"
 
 
@@ -154,7 +154,7 @@ def test_a_child_killed_in_cleanup_is_reaped_not_left_a_zombie(monkeypatch):
     import os
     from pathlib import Path
 
-    from experiments import weights
+    from lab import weights
     from shared.runtime import cgroupfs
 
     pids = [os.posix_spawn("/bin/sleep", ["sleep", "60"], dict(os.environ)) for _ in range(5)]

@@ -1,4 +1,4 @@
-"""`dqoes experiment training-real` end to end on this machine: two short real training jobs
+"""`python -m lab training-real` end to end on this machine: two short real training jobs
 submitted through `dqoes.submit` to a manager and a worker (cgroup runtime) over a private NATS.
 
 The run's bus is secured as every deployment's is (its roles' credentials, kept out of the records
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.training_real import TrainingRealOptions, run
+from lab.training_real import TrainingRealOptions, run
 
 pytestmark = [pytest.mark.timeout(240),
               pytest.mark.skipif(os.geteuid() != 0, reason="the cgroup runtime needs root")]

@@ -1,4 +1,4 @@
-"""`dqoes experiment real-index`: every recorded real run at a glance, with the issue's two real-node goals
+"""`python -m lab real-index`: every recorded real run at a glance, with the issue's two real-node goals
 checked run by run.
 
 Why: a reader needs one table that says, for every run the summaries given hold, what each policy
@@ -23,8 +23,8 @@ from typing import Any
 from experiments.common import ExperimentError, read_back_json, reading_back, update_section
 from experiments.real import met_final
 
-BEGIN = "<!-- BEGIN generated: dqoes experiment real-index -->"
-END = "<!-- END generated: dqoes experiment real-index -->"
+BEGIN = "<!-- BEGIN generated: python -m lab real-index -->"
+END = "<!-- END generated: python -m lab real-index -->"
 LEARNED = "learned"
 """The policy whose goals are counted: the learned allocator at its defaults (a run of it under other
 settings, `learned:NAME=VALUE`, is listed but not counted)."""
@@ -167,7 +167,7 @@ def render_markdown(rows: Sequence[dict[str, Any]], summary: Sequence[dict[str, 
     lines = [BEGIN, ""]
     lines.append("From the summaries `dqoes experiment real` stored"
                  + (f" in [{data_rel}/]({data_rel}/)" if data_rel else "")
-                 + " (`dqoes experiment real-index`), one row per policy run, oldest first. **Met**, **in band** "
+                 + " (`python -m lab real-index`), one row per policy run, oldest first. **Met**, **in band** "
                  "and **CPU spent** are each run's plateau (lower median over its final window); the bound is "
                  "the oracle's with the calibrated profiles, noise-free; beside the second-half means, what the "
                  "oracle expects under the noise that run measured (with the work per batch it measured, where "

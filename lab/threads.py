@@ -25,8 +25,8 @@ from experiments.calibrate import ARCHITECTURE, NATIVE_PX, Measurer, parse_limit
 from experiments.common import ExperimentError, read_back_json, reading_back, update_section
 from shared.runtime import cgroupfs
 
-BEGIN = "<!-- BEGIN generated: dqoes experiment threads -->"
-END = "<!-- END generated: dqoes experiment threads -->"
+BEGIN = "<!-- BEGIN generated: python -m lab threads -->"
+END = "<!-- END generated: python -m lab threads -->"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,9 +92,9 @@ def machine(command: str) -> dict[str, Any]:
 
 
 def run(opts: ThreadsOptions, log: Callable[[str], None], *, from_file: str | None = None,
-        update: str | None = None, command: str = "dqoes experiment threads") -> dict[str, Any]:
+        update: str | None = None, command: str = "python -m lab threads") -> dict[str, Any]:
     """Measure (or read back a JSON written earlier), write the docs section; the rows, gains and machine."""
-    what = "a `dqoes experiment threads --json` output"
+    what = "a `python -m lab threads --json` output"
     if from_file:
         d = read_back_json(from_file, what)
         with reading_back(from_file, what):
@@ -113,7 +113,7 @@ def run(opts: ThreadsOptions, log: Callable[[str], None], *, from_file: str | No
 
 def render_markdown(rows: Sequence[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [BEGIN, ""]
-    lines.append(f"Measured {meta.get('measured_at', '?')} with `{meta.get('command', 'dqoes experiment threads')}` "
+    lines.append(f"Measured {meta.get('measured_at', '?')} with `{meta.get('command', 'python -m lab threads')}` "
                  f"on {meta.get('cores', '?')} cores ({meta.get('cpu_model', '?')}). Medians of the measured "
                  "batches, seconds / CPU-seconds per batch; *gain* is the pinned latency over the following "
                  "latency (above 1: following the limit is faster).")

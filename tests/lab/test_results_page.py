@@ -10,14 +10,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from experiments import results_page
+from lab import results_page
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_committed_page_is_what_make_results_renders(tmp_path):
     out = tmp_path / "results.md"
-    done = subprocess.run([sys.executable, "-m", "experiments.results_page", "render", "--out", str(out)],
+    done = subprocess.run([sys.executable, "-m", "lab", "results", "render", "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert out.read_bytes() == (REPO / "docs" / "results.md").read_bytes()
@@ -54,7 +54,7 @@ def test_a_missing_or_broken_summary_is_one_line_and_writes_nothing(tmp_path, ca
     (data / results_page.FILES["real"]).write_bytes(orjson.dumps({"runs": [{"policy": "learned"}]}))
     assert results_page.main(["--data", str(data), "render", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("results_page: error:") and "\n" not in err and not out.exists()
+    assert err.startswith("results: error:") and "\n" not in err and not out.exists()
     (data / results_page.FILES["stress"]).unlink()
     assert results_page.main(["--data", str(data), "render", "--out", str(out)]) == 2
     assert "bench-stress.json: no such file" in capsys.readouterr().err and not out.exists()
@@ -81,7 +81,7 @@ def test_the_stored_simulations_are_what_the_code_gives_now():
 
 
 def test_real_runs_are_collected_added_and_replaced_by_name_and_rendered_per_node(tmp_path, capsys):
-    from tests.unit.test_real_index import summary
+    from tests.lab.test_real_index import summary
 
     data = tmp_path / "data"
     first = tmp_path / "real-a.json"
@@ -104,4 +104,4 @@ def test_real_runs_are_collected_added_and_replaced_by_name_and_rendered_per_nod
     bad.write_text("{}")
     assert results_page.main(["--data", str(data), "real-runs", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("results_page: error:") and (data / "real-runs.json").read_bytes() == before
+    assert err[-1].startswith("results: error:") and (data / "real-runs.json").read_bytes() == before

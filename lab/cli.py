@@ -1,0 +1,174 @@
+"""`python -m lab ACTION`: the project's own research tools, apart from the product.
+
+Why apart: these actions served the project in developing and measuring its
+policies (the results page, the paper's training report, real-node studies of
+threads, CPU weights and training jobs, replays of recorded runs). A user of
+`dqoes` needs none of them, so they live in the checkout only: the wheel leaves
+this package out, and no product module imports it (an import-linter contract).
+Every action has --help, and those that report take --json (one JSON object,
+the last line of stdout). Bad input is one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from experiments import training as training_exp
+from experiments.common import (
+    ExperimentError,
+    read_back_json,
+    reading_back,
+    sigterm_as_interrupt,
+    update_section,
+)
+from lab import nodes, results_page, training_calibrate, training_real
+from services.cli.common import CliError, emit_json, parse_seeds
+from shared.scenarios.spec import ScenarioError
+from shared.scenarios.training import TRAINING_BUILTINS
+
+
+def cmd_training_report(args: argparse.Namespace) -> int:
+    seeds = parse_seeds(args.seeds)
+    names = args.scenarios.split(",") if args.scenarios else list(TRAINING_BUILTINS)
+    for n in names:
+        if n not in TRAINING_BUILTINS:
+            raise CliError(f"--scenarios: unknown training scenario {n!r} (choose from {', '.join(TRAINING_BUILTINS)})")
+    data = training_exp.report_data(names, seeds, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    md = training_exp.render_report(data)
+    if args.update:
+        update_section(Path(args.update), md, training_exp.REPORT_BEGIN, training_exp.REPORT_END)
+    if args.json:
+        emit_json({"report": data})
+    elif not args.update:
+        print(md)
+    return 0
+
+
+def cmd_training_real(args: argparse.Namespace) -> int:
+    opts = training_real.TrainingRealOptions(
+        jobs=args.jobs, policies=args.policies, cores=args.cores, threads=args.threads, interval_s=args.interval,
+        timeout_s=args.timeout, repeat=args.repeat, out=args.out, from_file=args.from_file, update=args.update)
+    s, md = training_real.run(opts, lambda m: print(m, file=sys.stderr, flush=True))
+    if args.json:
+        emit_json(s)
+    elif not args.update:
+        print(md)
+    return 0
+
+
+def cmd_calibrate_training(args: argparse.Namespace) -> int:
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    if args.epochs < 3:
+        raise CliError("--epochs must be >= 3 (a curve needs three points)")
+    what = "a `python -m lab calibrate-training --json` output"
+    measured = when = host = None
+    if args.from_file:
+        old = read_back_json(args.from_file, what)
+        # --from measures nothing: a file without its measurements is an error, never a new measurement.
+        measured = old.get("raw")
+        if not isinstance(measured, dict):
+            raise CliError(f"--from {args.from_file}: not {what} (no \"raw\" measurements)")
+        when, host = old.get("date"), (old.get("machine") or {}).get("host")
+    with reading_back(args.from_file, what):
+        d = training_calibrate.calibrate(models, args.epochs, lambda m: print(m, file=sys.stderr, flush=True),
+                                         measured=measured, when=when, host=host)
+    if args.out:
+        Path(args.out).write_text(d["toml"])
+    if args.json:
+        emit_json(d)
+    else:
+        print(training_calibrate.render_markdown(d))
+    return 0
+
+
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    return results_page.run(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m lab",
+        description="The DQoES project's research tools (run from the checkout; not part of the dqoes package).")
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
+
+    p = sub.add_parser(
+        "results", help="docs/results.md: rerun the simulations, collect real runs, render the page",
+        description=results_page.__doc__.split("\n\n")[0] if results_page.__doc__ else None)
+    results_page.add_arguments(p)
+    p.set_defaults(func=cmd_results)
+
+    p = sub.add_parser("training-report",
+                      help="FlowCon vs default Swarm on the paper's training experiments over seeds, as Markdown",
+                      description="Run every built-in training scenario (flowcon-*) under FlowCon and default "
+                      "Swarm for each seed in the simulator; makespan and mean completion time next to the paper's.")
+    p.add_argument("--seeds", default="1-5", help="e.g. 1-5 or 1,3,7")
+    p.add_argument("--scenarios", help="comma-separated training built-ins (default: all)")
+    p.add_argument("--update", metavar="FILE", help="replace the generated section of this Markdown file")
+    p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
+    p.set_defaults(func=cmd_training_report)
+
+    p = sub.add_parser(
+        "calibrate-training", help="fit the simulator's training-job profiles to the real workloads' loss curves",
+        description="Run each real training task alone (one thread) for --epochs epochs, fit "
+        "E(e) = floor + (start - floor) exp(-rate e) to its epoch losses, and write profiles for the simulator "
+        "(CPU per epoch scaled to paper-length jobs; docs/training.md). Progress goes to stderr.")
+    p.add_argument("--models", default="vae,cnn,mlp,lstm,gru", help="comma-separated (default: all five)")
+    p.add_argument("--epochs", type=int, default=30, help="epochs per task (default 30)")
+    p.add_argument("--out", metavar="TOML", help="write the fitted profiles here")
+    p.add_argument("--from", dest="from_file", metavar="JSON",
+                   help="measure nothing: fit the losses of an earlier --json output again")
+    p.add_argument("--json", action="store_true", help="last line of stdout: the measurements and fits")
+    p.set_defaults(func=cmd_calibrate_training)
+
+    tr = training_real.TrainingRealOptions()
+    p = sub.add_parser(
+        "training-real", help="FlowCon vs default on real training processes here (root): completion, CPU split",
+        description="Start a private NATS, the manager and one worker (cgroup runtime), submit real training jobs "
+        "through dqoes.submit at their offsets under each policy in turn, and record completion times and every "
+        "job's CPU and limit after each training round. Needs root and torch. Progress goes to stderr.")
+    p.add_argument("--jobs", default=tr.jobs, help=f"model:offset_s:epochs, comma-separated (default {tr.jobs})")
+    p.add_argument("--policies", default=tr.policies, help=f"run in this order (default {tr.policies})")
+    p.add_argument("--cores", type=float, help="the node's cores (default: all of this machine's)")
+    p.add_argument("--threads", type=int, default=tr.threads, help="every job's intra-op threads (default 2)")
+    p.add_argument("--interval", type=float, default=tr.interval_s, help="FlowCon's initial interval, s (default 2)")
+    p.add_argument("--timeout", type=float, default=tr.timeout_s, help="give up on a policy after N s (default 400)")
+    p.add_argument("--repeat", type=int, default=tr.repeat, help="run the policies in turn N times (default 1)")
+    p.add_argument("--out", help="directory for the raw records (default runs/training-real-<time>)")
+    p.add_argument("--from", dest="from_file", metavar="FILE", help="run nothing: report from a summary.json")
+    p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
+    p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
+    p.set_defaults(func=cmd_training_real)
+
+
+    nodes.add_parsers(sub)
+    return parser
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The arguments, with NAME=VALUE pairs given after an option taken too (`replay DIR --policy X a=1`)."""
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        pairs = isinstance(getattr(args, "set", None), list) and all(
+            "=" in x and not x.startswith("-") for x in extra)
+        if not pairs:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.set = [*args.set, *extra]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    try:
+        with sigterm_as_interrupt():
+            return int(args.func(args) or 0)
+    except (ScenarioError, CliError, ExperimentError) as e:
+        print(f"lab: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lab: interrupted", file=sys.stderr)
+        return 130
