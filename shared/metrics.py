@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from shared.public import ClusterState
 from shared.schema import NodeState
+from shared.settings import DEFAULT_METRICS_ADDR
 
 ROUND_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """A round reads counters, decides and applies limits: milliseconds, up to seconds on a slow engine."""
@@ -202,8 +203,9 @@ class MetricsServer:
     def register(self, collector: Collector) -> None:
         self.registry.register(collector)
 
-    def start(self, port: int, addr: str = "0.0.0.0") -> str:
-        """Serve on addr:port (0: a free port); the URL of /metrics. OSError if the port is taken."""
+    def start(self, port: int, addr: str = DEFAULT_METRICS_ADDR) -> str:
+        """Serve on addr:port (0: a free port; default address loopback only); the URL of /metrics.
+        OSError if the port is taken."""
         self._server, self._thread = start_http_server(port, addr, registry=self.registry)
         self.port = int(self._server.server_port)
         host = "127.0.0.1" if addr in ("0.0.0.0", "") else addr
