@@ -39,11 +39,15 @@ def admitted(token: str | None) -> bool:
     """Whether this session may see the pages: it presented `token` (`?token=`) now or earlier.
 
     Otherwise one line says why and nothing else is drawn; the caller stops.
+    An admitted session keeps the token in the address bar: Streamlit drops
+    the query when it moves to another page, and a reload there would
+    otherwise be refused.
     """
-    if token and st.session_state.get(ADMITTED_KEY) == token:
-        return True
-    if access.allowed(st.query_params.get(access.TOKEN_PARAM), token):
+    given = st.query_params.get(access.TOKEN_PARAM)
+    if token and (st.session_state.get(ADMITTED_KEY) == token or access.allowed(given, token)):
         st.session_state[ADMITTED_KEY] = token
+        if given != token:
+            st.query_params[access.TOKEN_PARAM] = token
         return True
     st.markdown(access.REFUSAL if token else access.NO_TOKEN_SET)
     return False

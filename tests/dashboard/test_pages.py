@@ -129,10 +129,11 @@ def test_the_token_admits_the_session_to_every_page(monkeypatch, sim_runs):
     at = app(monkeypatch, runs=str(sim_runs.dir))
     assert [t.value for t in at.title] == ["DQoES: live"]
     assert [b.label for b in at.button] == ["Set objective", "Clear objective"]
-    at.query_params.clear()  # admitted once: the session keeps it while moving between pages
+    at.query_params.clear()  # Streamlit drops the query on moving to another page
     at.switch_page(RECORDED)
     at.run()
     assert [t.value for t in at.title] == ["DQoES: recorded runs"] and len(at.metric) == 2
+    assert at.query_params[access.TOKEN_PARAM] == TOKEN  # back in the address: a reload there works
 
 
 def test_pages_speak_of_met_and_in_band_never_satisfied(monkeypatch, sim_runs):

@@ -236,6 +236,16 @@ def test_recorded_comparison_in_a_real_browser(browser, tmp_path):
         page.wait_for_timeout(1000)
         no_exception(page)
         clean_chrome(page)
+        # Moving to another page and reloading it keeps the tab admitted (the address keeps the token).
+        page.get_by_test_id("stSidebarNavLink").filter(has_text="Live").click()
+        page.get_by_text("DQoES: live").wait_for(timeout=30_000)
+        page.reload()
+        page.get_by_text("DQoES: live").wait_for(timeout=60_000)
+        assert page.get_by_text(access.REFUSAL.split(":")[0]).count() == 0
+        page.get_by_test_id("stSidebarNavLink").filter(has_text="Recorded runs").click()
+        page.get_by_text(headline).wait_for(timeout=60_000)
+        wait_for_charts(page, 4)
+        page.wait_for_timeout(1000)
         shot = tmp_path / "comparison.png"
         page.screenshot(path=str(shot))
         assert shot.stat().st_size > 50_000
