@@ -131,7 +131,7 @@ class WorkerCollector(Collector):
         yield classes
         gauges: tuple[tuple[str, str, float | int | None], ...] = (
             ("dqoes_node_cores", "The node's CPU capacity, cores.", ns.cores),
-            ("dqoes_node_satisfied", "Containers within their band (class S).", ns.satisfied),
+            ("dqoes_node_in_band", "Containers within their band (class S).", ns.satisfied),
             ("dqoes_node_met", "Containers meeting their objective (G and S).", ns.met),
             ("dqoes_node_cpu_used_cores", "CPU the containers used over the last round, cores.", ns.cpu_cores_used),
             ("dqoes_node_interval_seconds", "Delay to the next control round.", ns.interval_s),
@@ -175,7 +175,7 @@ class ManagerCollector(Collector):
         yield nodes
         per = GaugeMetricFamily("dqoes_cluster_node_containers", "Containers per node and class, as the "
                                 "manager last heard.", labels=["node", "class"])
-        sat = GaugeMetricFamily("dqoes_cluster_node_satisfied", "Containers within their band per node.",
+        sat = GaugeMetricFamily("dqoes_cluster_node_in_band", "Containers within their band per node.",
                                 labels=["node"])
         for name, n in cs.nodes.items():
             for cls, value in (("G", n.G), ("S", n.S), ("B", n.B), ("pending", n.pending)):
@@ -183,7 +183,7 @@ class ManagerCollector(Collector):
             sat.add_metric([name], n.satisfied)
         yield per
         yield sat
-        total = GaugeMetricFamily("dqoes_cluster_satisfied", "Containers within their band, every node.")
+        total = GaugeMetricFamily("dqoes_cluster_in_band", "Containers within their band, every node.")
         total.add_metric([], cs.satisfied_total)
         yield total
 
