@@ -164,3 +164,28 @@ def test_a_sigterm_right_after_the_announcement_is_caught_not_fatal():
         os.kill(os.getpid(), signal.SIGTERM)
         assert stop["now"]
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_started_by_hand_it_makes_a_token_and_keeps_the_safe_defaults(tmp_path):
+    """`python -m dashboard.serve` with no token set makes one and prints the address, as Jupyter does."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO), access.TOKEN_ENV: ""}
+    proc = subprocess.Popen([sys.executable, "-m", "dashboard.serve", "--server.port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    try:
+        (line,) = read_until(proc, lambda x: x.startswith("DQoES dashboard: open "))
+        url = line.removeprefix("DQoES dashboard: open ")
+        m = TOKEN_URL.match(url)
+        assert m and m.group(1) == f"http://127.0.0.1:{port}", line
+        t_end = time.monotonic() + 60
+        while health(url) != "ok":
+            assert time.monotonic() < t_end and proc.poll() is None, "the server never answered"
+            time.sleep(0.3)
+    finally:
+        stop(proc, signal.SIGTERM)
+    from dashboard.serve import DEFAULT_FLAGS, with_defaults
+
+    flags = with_defaults(["--server.address=0.0.0.0", "--server.port", "1"])
+    assert flags[:3] == ["--server.address=0.0.0.0", "--server.port", "1"]  # what is given is kept
+    assert "--server.address" not in flags[3:]
+    assert flags[flags.index("--client.toolbarMode") + 1] == DEFAULT_FLAGS["--client.toolbarMode"] == "minimal"
