@@ -1,9 +1,11 @@
 """The DQoES dashboard's entry point: `python -m dashboard.serve -- --source LABEL=URL --runs DIR`.
 
-(`streamlit run dashboard/app.py -- ...` works too; the collector then starts
-with the first page view.) Layout only: the pages (`app_pages/live.py`,
+(`streamlit run dashboard/app.py -- ...` works too, with $DQOES_DASHBOARD_TOKEN
+set; the collector then starts with the first page view.) Layout only: the pages (`app_pages/live.py`,
 `app_pages/recorded.py`) place what `dashboard.views` computes. `dqoes
-dashboard` and `dqoes up` start it through `dashboard.launch.start`.
+dashboard` and `dqoes up` start it through `dashboard.launch.start`. Before
+anything else the page checks the token (`dashboard.access`): without it,
+one line of refusal and nothing more.
 
 The pages live in `app_pages/`, not `pages/`: Streamlit treats a `pages/`
 folder next to the main script as a second, older kind of navigation, and a
@@ -21,10 +23,12 @@ if _ROOT not in sys.path:  # `streamlit run` puts dashboard/ on the path, not th
 
 import streamlit as st  # noqa: E402
 
-from dashboard import config  # noqa: E402
+from dashboard import config, ui  # noqa: E402
 
 st.set_page_config(page_title="DQoES dashboard", page_icon=":material/speed:", layout="wide")
 cfg = config.current()
+if not ui.admitted(cfg.token):  # no token, no page: not even the navigation
+    st.stop()
 st.session_state["dqoes_config"] = cfg
 pages = [
     st.Page("app_pages/live.py", title="Live", icon=":material/monitoring:", default=True),

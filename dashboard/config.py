@@ -5,6 +5,9 @@ dashboard/app.py -- --source dqoes=nats://... --runs out/` (what
 `dashboard.launch.start` runs) passes them after `--`; tests and containers
 set environment variables instead (`DQOES_DASHBOARD_SOURCES=dqoes=nats://...,default=nats://...`,
 `DQOES_DASHBOARD_RUNS=dir1:dir2`, `DQOES_DASHBOARD_REFRESH_S=1`). Flags win.
+`dashboard.launch.start` hands the clusters over in the environment, one a
+line, so that a NATS URL with a password in it never shows in `ps`; the
+token (`dashboard.access`) only ever travels that way.
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from dashboard.access import token_from
 
 SOURCES_ENV = "DQOES_DASHBOARD_SOURCES"
 RUNS_ENV = "DQOES_DASHBOARD_RUNS"
@@ -37,6 +42,8 @@ class Config:
     """Seconds between refreshes of the live view."""
     history_rounds: int = DEFAULT_HISTORY_ROUNDS
     """Samples kept per node in memory."""
+    token: str | None = field(default=None, repr=False)
+    """What a browser must present (`?token=`); None: no token set, the page refuses everyone."""
 
 
 def parse_source(text: str, index: int = 0) -> tuple[str, str]:
@@ -61,6 +68,17 @@ def source_args(sources: Sequence[tuple[str, str]]) -> list[str]:
     return out
 
 
+def sources_env(sources: Sequence[tuple[str, str]]) -> str:
+    """$DQOES_DASHBOARD_SOURCES for `sources`: one LABEL=URL a line (a comma may be in a password)."""
+    return "\n".join(f"{label}={url}" for label, url in sources)
+
+
+def _split_sources(raw: str) -> list[str]:
+    """Sources from the environment: one a line, or comma-separated when on one line."""
+    parts = raw.splitlines() if "\n" in raw else raw.split(",")
+    return [s for s in parts if s.strip()]
+
+
 def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Config:
     """The configuration from the app's arguments, then the environment."""
     env = os.environ if environ is None else environ
@@ -70,7 +88,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Conf
     ap.add_argument("--refresh", type=float)
     ap.add_argument("--history", type=int)
     args, _ = ap.parse_known_args(list(argv))
-    raw_sources = args.source or [s for s in env.get(SOURCES_ENV, "").split(",") if s.strip()]
+    raw_sources = args.source or _split_sources(env.get(SOURCES_ENV, ""))
     sources = tuple(parse_source(s, i) for i, s in enumerate(raw_sources))
     labels = [label for label, _ in sources]
     if len(set(labels)) != len(labels):
@@ -91,6 +109,7 @@ def parse(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> Conf
         runs_dirs=tuple(str(Path(d)) for d in runs),
         refresh_s=max(0.2, refresh),
         history_rounds=max(10, history),
+        token=token_from(env),
     )
 
 

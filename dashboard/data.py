@@ -109,7 +109,7 @@ class RunData:
     nodes: dict[str, float] = field(default_factory=dict)
     """Node name -> cores."""
     containers_total: int = 0
-    """Containers in the run (the "of 40" of "22 of 40 satisfied")."""
+    """Containers in the run (the "of 40" of "22 of 40 met")."""
     result: dict[str, Any] | None = None
     """The timeline's "result" line, when the run finished."""
     meta: dict[str, Any] = field(default_factory=dict)

@@ -4,6 +4,11 @@ Why a process and not an import: Streamlit owns its server, event loop and
 script threads; `dqoes dashboard` and `dqoes up` only need it running next to
 them, on a free port, stopped with them. `start` waits until the server
 answers its health check, so the address it returns works at once.
+
+What a browser needs to get in travels in the environment, never on the
+command line (which `ps` shows to every user): the token
+(`dashboard.access`), the clusters' URLs (a URL may carry a password) and the
+credentials file's path.
 """
 
 from __future__ import annotations
@@ -16,10 +21,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
 from pathlib import Path
 
-from dashboard.config import source_args
+from dashboard.access import TOKEN_ENV, new_token, token_from, with_token
+from dashboard.config import SOURCES_ENV, sources_env
 from shared.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -32,13 +37,16 @@ class LaunchError(RuntimeError):
 
 
 def command(
-    sources: Sequence[tuple[str, str]],
     port: int,
     runs_dir: str | None = None,
     address: str = "127.0.0.1",
     refresh_s: float | None = None,
 ) -> list[str]:
-    """The command line (`python -m dashboard.serve`) for these clusters and run folder."""
+    """The command line (`python -m dashboard.serve`) for this port and run folder.
+
+    The clusters, the token and the credentials are not in it: `start`
+    passes them in the environment.
+    """
     cmd = [
         sys.executable,
         "-m",
@@ -56,7 +64,6 @@ def command(
         "--server.runOnSave",
         "false",
         "--",
-        *source_args(sources),
     ]
     if runs_dir:  # the user's folder: resolved here, where the user named it, not in the server's cwd
         cmd += ["--runs", str(Path(runs_dir).resolve())]
@@ -75,19 +82,25 @@ def start(
     refresh_s: float | None = None,
     ready_timeout_s: float = READY_TIMEOUT_S,
     creds: str | None = None,
+    token: str | None = None,
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Start the dashboard; returns (process, "http://127.0.0.1:PORT") once it answers HTTP.
+    """Start the dashboard; returns (process, "http://127.0.0.1:PORT/?token=...") once it answers HTTP.
 
     `sources`: (label, NATS URL) of each cluster to follow (none: recorded
     runs only). `port` None: a free one. `log_path`: where its output goes
     (default: discarded). Raises LaunchError if it exits or does not answer
     within `ready_timeout_s`; the process is then stopped. `creds`: the
     credentials file it connects with (passed in $DQOES_NATS_CREDS, never on
-    its command line).
+    its command line). `token`: what a browser must present; default
+    $DQOES_DASHBOARD_TOKEN, else a new random one. The address returned
+    carries it, as the one to print.
     """
     port = port or free_port()
-    cmd = command(sources, port, runs_dir, address, refresh_s)
+    token = token or token_from(os.environ) or new_token()
+    cmd = command(port, runs_dir, address, refresh_s)
     env = dict(os.environ)
+    env[TOKEN_ENV] = token
+    env[SOURCES_ENV] = sources_env(sources)
     env.setdefault("STREAMLIT_BROWSER_GATHER_USAGE_STATS", "false")
     if creds:
         env["DQOES_NATS_CREDS"] = str(creds)
@@ -100,20 +113,20 @@ def start(
         if log_path:
             out.close()  # type: ignore[union-attr]
     host = "127.0.0.1" if address in ("0.0.0.0", "::", "") else address
-    url = f"http://{host}:{port}"
+    base = f"http://{host}:{port}"
     try:
-        wait_ready(proc, url, ready_timeout_s, log_path)
+        wait_ready(proc, base, ready_timeout_s, log_path)
     except LaunchError:
         stop(proc)
         raise
-    log.info("dashboard at %s (pid %d)", url, proc.pid)
-    return proc, url
+    log.info("dashboard at %s (pid %d)", base, proc.pid)
+    return proc, with_token(base, token)
 
 
 def wait_ready(
     proc: subprocess.Popen[bytes], url: str, timeout_s: float, log_path: str | None = None
 ) -> None:
-    """Return once `url` answers Streamlit's health check; LaunchError if the process dies or time runs out."""
+    """Return once `url` (http://HOST:PORT, no path) answers Streamlit's health check; LaunchError if the process dies or time runs out."""
     where = f"; its log: {log_path}" if log_path else ""
     t_end = time.monotonic() + timeout_s
     while time.monotonic() < t_end:

@@ -467,7 +467,7 @@ class Collector:
                 h = f.history
                 status = f.status
                 if status == CONNECTED and f.bus is not None and not f.bus.is_connected:
-                    status, error = CONNECTING, f"lost the connection to {f.url}; reconnecting"
+                    status, error = CONNECTING, f"lost the connection to {auth.redact(f.url)}; reconnecting"
                 else:
                     error = f.error
                 out.append(
@@ -507,7 +507,7 @@ class Collector:
             return not_sent(f"no cluster named {label!r}")
         loop = self._loop
         if feed.bus is None or loop is None or loop.is_closed():
-            return not_sent(f"not connected to {feed.url}: nothing was sent")
+            return not_sent(f"not connected to {auth.redact(feed.url)}: nothing was sent")
         fut = asyncio.run_coroutine_threadsafe(
             _request(feed.bus, orjson.dumps(body), timeout_s, subject), loop
         )
@@ -541,7 +541,7 @@ async def _request(bus: Bus, payload: bytes, timeout_s: float, subject: str = su
     try:
         data = await bus.request(subject, payload, timeout_s=timeout_s)
     except NoResponders:
-        return not_sent(f"no manager answers on {subject} at {bus.url}")
+        return not_sent(f"no manager answers on {subject} at {auth.redact(bus.url)}")
     except RequestTimeout:
         return not_sent(f"no reply on {subject} within {timeout_s:g} s")
     except BusError as e:

@@ -63,6 +63,7 @@ class Recorder:
         self.decisions = DecisionLog()
         self.latest: dict[str, NodeState] = {}
         self.series: dict[str, list[tuple[float, int]]] = {}
+        self.met_series: dict[str, list[tuple[float, int]]] = {}
         self.models: dict[str, dict[str, Any]] = {}
         self.states = 0
         self.lines = 0
@@ -82,6 +83,8 @@ class Recorder:
             ns, self.states, t_s, d.listener if d else "", d.event if d else None
         )
         self.series.setdefault(ns.node, []).append((t_s, ns.satisfied))
+        if ns.met is not None:
+            self.met_series.setdefault(ns.node, []).append((t_s, ns.met))
         for c in ns.containers:
             self.models[c.container] = {
                 "model": c.model,
@@ -140,12 +143,14 @@ class Recorder:
         }
 
     def result(self, end_t_s: float | None = None) -> dict[str, Any]:
-        """The summary: |S| plateau per node over the final window, as the simulator reports it."""
+        """The summary: plateaus of met and in band (|S|) per node over the final window, as the simulator
+        reports them (met absent when the workers do not report it)."""
         end = end_t_s if end_t_s is not None else self.wall() - self.started_at
         begin = min((s[0][0] for s in self.series.values() if s), default=0.0)
         window = min(FINAL_WINDOW_S, max(0.0, end - begin) / 10)
         start = end - window
         per_node = {n: plateau(self.series.get(n, []), start, end) for n in sorted(self.latest)}
+        met = {n: plateau(self.met_series[n], start, end) for n in sorted(self.latest) if n in self.met_series}
         return {
             "kind": "result",
             "scenario": "live",
@@ -154,6 +159,7 @@ class Recorder:
             "label": self.label,
             "containers": sum(len(ns.containers) for ns in self.latest.values()),
             "nodes": len(self.latest),
+            **({"met_final": sum(met.values()), "met_per_node": met} if met else {}),
             "satisfied_final": sum(per_node.values()),
             "satisfied_per_node": per_node,
             "satisfied_at_end": sum(ns.satisfied for ns in self.latest.values()),

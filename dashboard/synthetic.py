@@ -73,6 +73,7 @@ def node_states(
                 slack_sum_g_s=q_g,
                 slack_sum_b_s=q_b,
                 satisfied=len(members["S"]),
+                met=len(members["G"]) + len(members["S"]),
                 members={k: tuple(v) for k, v in members.items()},
                 containers=tuple(states),
                 params={"alpha": ALPHA},

@@ -16,16 +16,41 @@ from typing import Any
 
 import streamlit as st
 
-from dashboard import forms, views
+from dashboard import access, forms, views
 from dashboard.data import RunData, load_timeline, rows_from_bytes, run_from_rows
 from dashboard.live import CONNECTED, UNREACHABLE, Collector, Snapshot, registered
+from shared.auth import redact
 
 log = logging.getLogger(__name__)
 
-SATISFIED_HEIGHT_PX = 300
+IN_BAND_HEIGHT_PX = 300
 INTERVAL_HEIGHT_PX = 230
 """Heights of the single-panel charts, given to Streamlit (its theme takes the title out of
 a chart's own height)."""
+
+
+# --- the token ------------------------------------------------------------------------
+
+ADMITTED_KEY = "dqoes_admitted"
+"""Session state set once this browser session presented the token (it then moves between pages)."""
+
+
+def admitted(token: str | None) -> bool:
+    """Whether this session may see the pages: it presented `token` (`?token=`) now or earlier.
+
+    Otherwise one line says why and nothing else is drawn; the caller stops.
+    An admitted session keeps the token in the address bar: Streamlit drops
+    the query when it moves to another page, and a reload there would
+    otherwise be refused.
+    """
+    given = st.query_params.get(access.TOKEN_PARAM)
+    if token and (st.session_state.get(ADMITTED_KEY) == token or access.allowed(given, token)):
+        st.session_state[ADMITTED_KEY] = token
+        if given != token:
+            st.query_params[access.TOKEN_PARAM] = token
+        return True
+    st.markdown(access.REFUSAL if token else access.NO_TOKEN_SET)
+    return False
 
 
 # --- data, cached per process -------------------------------------------------------
@@ -96,11 +121,8 @@ def show_runs(runs: Sequence[RunData], *, now_at: float | None = None) -> None:
         )
     cols = st.columns(len(runs))
     for col, run, f in zip(cols, runs, figs, strict=True):
-        col.metric(
-            f"{run.title}: satisfied",
-            f"{f.outcome.satisfied} of {f.outcome.containers}",
-            help=f"satisfied containers (in band, |S|), {f.outcome.how}",
-        )
+        label, value, why = headline(run.title, f.outcome)
+        col.metric(label, value, help=why)
         col.caption(f.outcome.three_numbers())
     if len(runs) > 1:
         series, split = views.compare_frames(runs)
@@ -108,8 +130,8 @@ def show_runs(runs: Sequence[RunData], *, now_at: float | None = None) -> None:
     _row(runs, "summary", lambda c, r, f: c.dataframe(f.summary_table, hide_index=True), figs)
     _row(
         runs,
-        "satisfied",
-        lambda c, r, f: c.altair_chart(f.satisfied, width="stretch", height=SATISFIED_HEIGHT_PX),
+        "in band",
+        lambda c, r, f: c.altair_chart(f.satisfied, width="stretch", height=IN_BAND_HEIGHT_PX),
         figs,
     )
     _row(runs, "q", lambda c, r, f: c.altair_chart(f.q), figs)
@@ -117,7 +139,7 @@ def show_runs(runs: Sequence[RunData], *, now_at: float | None = None) -> None:
         "Q_G, Q_S, Q_B: sums of q = objective - latency over the containers in G, S "
         "and B, in seconds per batch. Q_S is that sum over S (close to 0 by "
         "construction, the cluster state's slack_sum_s_s); the paper draws Q_S as |S|, "
-        "which is the satisfied figure above."
+        "which is the in band figure above."
     )
     _row(runs, "cpu", lambda c, r, f: c.altair_chart(f.cpu), figs)
     st.caption("No limit is drawn at 1.0, the whole node. Long series are thinned for drawing.")
@@ -132,6 +154,16 @@ def show_runs(runs: Sequence[RunData], *, now_at: float | None = None) -> None:
     _row(runs, "containers", lambda c, r, f: c.dataframe(f.containers, hide_index=True), figs)
 
 
+def headline(title: str, o: views.Outcome) -> tuple[str, str, str]:
+    """A run's metric (label, value, help): met of the containers; in band when met is not known."""
+    if o.met is None:
+        return (f"{title}: in band", f"{o.satisfied} of {o.containers}",
+                f"containers within ±alpha of their objective (|S|), {o.how}")
+    return (f"{title}: met", f"{o.met} of {o.containers}",
+            f"containers whose latest batch took at most (1 + alpha) x their objective, {o.how}; "
+            "in band: within ±alpha")
+
+
 def _row(runs: Sequence[RunData], what: str, draw: Any, figs: Sequence[views.Figures]) -> None:
     cols = st.columns(len(runs))
     for col, run, f in zip(cols, runs, figs, strict=True):
@@ -144,7 +176,7 @@ def _row(runs: Sequence[RunData], what: str, draw: Any, figs: Sequence[views.Fig
 
 
 def no_cluster_text(snapshot: Snapshot) -> str:
-    urls = ", ".join(s.url for s in snapshot.sources)
+    urls = ", ".join(redact(s.url) for s in snapshot.sources)
     return f"No cluster at {urls}: showing recorded runs only."
 
 
@@ -164,21 +196,21 @@ def show_live(snapshot: Snapshot) -> None:
     waiting = []
     for s in snapshot.sources:
         if s.status == UNREACHABLE:
-            st.warning(f"No cluster at {s.url} ({s.label}): {s.error}")
+            st.warning(f"No cluster at {redact(s.url)} ({s.label}): {s.error}")
         elif s.status != CONNECTED:
-            st.info(f"{s.label}: connecting to {s.url}... {s.error}")
+            st.info(f"{s.label}: connecting to {redact(s.url)}... {s.error}")
         elif not s.has_data:
             waiting.append(s)
     for s in waiting:
         st.info(
-            f"{s.label}: connected to {s.url}; waiting for the first node state "
+            f"{s.label}: connected to {redact(s.url)}; waiting for the first node state "
             "(no worker has published yet)."
         )
     ready = [s for s in snapshot.sources if s.has_data]
     if not ready:
         return
     st.caption(
-        " | ".join(f"{s.label}: {s.url}, {s.states} node states received" for s in ready)
+        " | ".join(f"{s.label}: {redact(s.url)}, {s.states} node states received" for s in ready)
         + f" | refreshed {time.strftime('%H:%M:%S', time.localtime(snapshot.taken_at))}"
     )
     show_runs(views.compare_order([s.run for s in ready]), now_at=snapshot.taken_at)

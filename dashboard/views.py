@@ -9,11 +9,12 @@ frames the charts are drawn from. A twin or comparison view computes one
 drawn on identical axes.
 
 What is plotted, in the paper's terms:
-- satisfied: |S|, containers meeting their objective, per worker and in total;
+- in band: |S|, containers within ±alpha of their objective, per worker and
+  in total (met, at or under (1 + alpha) x the objective, is G and S);
 - delivered QoE: Q_G, Q_S and Q_B per worker, each the sum of
   q = objective - latency over the containers of that class, in seconds per
   batch. Q_S here is that sum over S (the cluster state's `slack_sum_s_s`), close to
-  0 by construction; the paper draws Q_S as |S|, which is the satisfied
+  0 by construction; the paper draws Q_S as |S|, which is the in band
   figure;
 - CPU: each container's limit and the CPU it used, as fractions of its node
   (no limit is drawn at 1.0, the whole node);
@@ -172,7 +173,7 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
         {
             "node": summary.index,
             "met": (summary["G"] + summary["S"]).to_numpy(),
-            "satisfied": summary["satisfied"].to_numpy(),
+            "in band": summary["satisfied"].to_numpy(),
             "of": summary["containers"].to_numpy(),
             "G": summary["G"].to_numpy(),
             "S": summary["S"].to_numpy(),
@@ -396,7 +397,7 @@ def _x(domains: Domains, title: str) -> alt.X:
 def satisfied_chart(
     run: RunData, domains: Domains | None = None, frame: pd.DataFrame | None = None
 ) -> alt.Chart:
-    """Satisfied containers over time, one line per node and a thick black total."""
+    """Containers in band (|S|) over time, one line per node and a thick black total."""
     d = domains or domains_for([run])
     df = thin(satisfied_frame(run) if frame is None else frame, ["series"], ["satisfied"])
     nodes = sorted(set(df["series"]) - {TOTAL}) if not df.empty else []
@@ -407,7 +408,7 @@ def satisfied_chart(
         scale=alt.Scale(domain=[TOTAL, *nodes], range=["#000000", *node_colors(nodes)]),
     )
     return (
-        alt.Chart(df, title="Satisfied containers (|S|)")
+        alt.Chart(df, title="Containers in band (|S|)")
         .mark_line(interpolate="step-after")
         .encode(
             x=_x(d, run.time_label),
@@ -416,7 +417,7 @@ def satisfied_chart(
             ),
             color=color,
             strokeWidth=alt.condition(f"datum.series === '{TOTAL}'", alt.value(3), alt.value(1.5)),
-            tooltip=["series:N", alt.Tooltip("t_s:Q", format=".0f"), "satisfied:Q"],
+            tooltip=["series:N", alt.Tooltip("t_s:Q", format=".0f"), alt.Tooltip("satisfied:Q", title="in band")],
         )
         .properties(height=CHART_HEIGHT_PX)
     )
@@ -590,12 +591,12 @@ def runs_figure(
         .properties(width=360, height=CHART_HEIGHT_PX)
     )
     bars = (
-        alt.Chart(split, title="final CPU split")
+        alt.Chart(split, title="CPU per container")
         .mark_bar()
         .encode(
             x=alt.X("container:N", title=None),
             xOffset=alt.XOffset("run:N", sort=runs),
-            y=alt.Y("cpu_cores:Q", title="cores (mean, final window)"),
+            y=alt.Y("cpu_cores:Q", title="cores (mean of the latest window)"),
             color=alt.Color("run:N", scale=colors, title=None),
             tooltip=["container:N", "run:N", alt.Tooltip("cpu_cores:Q", format=".2f")],
         )
@@ -664,7 +665,7 @@ def real_runs_chart(df: pd.DataFrame) -> alt.HConcatChart:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How many containers a run satisfied, of how many, and how that was measured.
+    """How many containers of a run met their objective and were in band, and how that was measured.
 
     The three numbers a client counts: `met` (latest batch at or under
     (1 + alpha) x the objective: classes G and S), `satisfied` (in band, |S|)
@@ -690,7 +691,7 @@ class Outcome:
 
 
 def outcome(run: RunData, summary: pd.DataFrame | None = None) -> Outcome:
-    """A live run: satisfied now. A recorded one: the simulator's plateau of the final window.
+    """A live run: met and in band now. A recorded one: the simulator's plateau of the final window.
 
     A finished timeline carries it (`satisfied_final`, `met_final`,
     `cpu_cores_final`); otherwise it is computed the same way: the lower
@@ -757,15 +758,29 @@ def _ratio(x: float) -> str:
     return f"{round(x, 1):g}" if x >= 1 else f"{x:.2g}"
 
 
+def _times(x: int, y: int, b_name: str, word: str) -> str:
+    """x against y as a ratio, or what stands in for one when y is 0 ("met" or "in band")."""
+    if x == 0 and y == 0:
+        return "neither met any" if word == "met" else "none in band on either side"
+    if y == 0:
+        return f"no ratio ({b_name} met none)" if word == "met" else f"no ratio (none in band under {b_name})"
+    return f"{_ratio(x / y)}x"
+
+
 def ratio_sentence(a: Outcome, b: Outcome) -> str:
-    """ "DQoES satisfied 22 of 40 containers, default Swarm 2: 11x", plainly, including the 0 cases."""
+    """ "DQoES met 25 of 40 objectives, default Swarm 20: 1.2x; in band 22 and 2: 11x", 0 cases included.
+
+    Met leads: it is what a client counts. A run that does not tell met (an
+    older timeline) is compared on in band alone.
+    """
     of_b = f" of {b.containers}" if b.containers != a.containers else ""
-    head = f"{a.name} satisfied {a.satisfied} of {a.containers} containers, {b.name} {b.satisfied}{of_b}"
-    if b.satisfied == 0 and a.satisfied == 0:
-        return f"{head}: neither satisfied any"
-    if b.satisfied == 0:
-        return f"{head}: no ratio ({b.name} satisfied none)"
-    return f"{head}: {_ratio(a.satisfied / b.satisfied)}x"
+    band = _times(a.satisfied, b.satisfied, b.name, "in band")
+    if a.met is None or b.met is None:
+        return (f"{a.name} kept {a.satisfied} of {a.containers} containers in band, "
+                f"{b.name} {b.satisfied}{of_b}: {band}")
+    met = _times(a.met, b.met, b.name, "met")
+    return (f"{a.name} met {a.met} of {a.containers} objectives, {b.name} {b.met}{of_b}: {met}; "
+            f"in band {a.satisfied} and {b.satisfied}: {band}")
 
 
 def compare_order(runs: Sequence[RunData]) -> list[RunData]:

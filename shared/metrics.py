@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from shared.public import ClusterState
 from shared.schema import NodeState
+from shared.settings import DEFAULT_METRICS_ADDR
 
 ROUND_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """A round reads counters, decides and applies limits: milliseconds, up to seconds on a slow engine."""
@@ -130,7 +131,7 @@ class WorkerCollector(Collector):
         yield classes
         gauges: tuple[tuple[str, str, float | int | None], ...] = (
             ("dqoes_node_cores", "The node's CPU capacity, cores.", ns.cores),
-            ("dqoes_node_satisfied", "Containers within their band (class S).", ns.satisfied),
+            ("dqoes_node_in_band", "Containers within their band (class S).", ns.satisfied),
             ("dqoes_node_met", "Containers meeting their objective (G and S).", ns.met),
             ("dqoes_node_cpu_used_cores", "CPU the containers used over the last round, cores.", ns.cpu_cores_used),
             ("dqoes_node_interval_seconds", "Delay to the next control round.", ns.interval_s),
@@ -174,7 +175,7 @@ class ManagerCollector(Collector):
         yield nodes
         per = GaugeMetricFamily("dqoes_cluster_node_containers", "Containers per node and class, as the "
                                 "manager last heard.", labels=["node", "class"])
-        sat = GaugeMetricFamily("dqoes_cluster_node_satisfied", "Containers within their band per node.",
+        sat = GaugeMetricFamily("dqoes_cluster_node_in_band", "Containers within their band per node.",
                                 labels=["node"])
         for name, n in cs.nodes.items():
             for cls, value in (("G", n.G), ("S", n.S), ("B", n.B), ("pending", n.pending)):
@@ -182,7 +183,7 @@ class ManagerCollector(Collector):
             sat.add_metric([name], n.satisfied)
         yield per
         yield sat
-        total = GaugeMetricFamily("dqoes_cluster_satisfied", "Containers within their band, every node.")
+        total = GaugeMetricFamily("dqoes_cluster_in_band", "Containers within their band, every node.")
         total.add_metric([], cs.satisfied_total)
         yield total
 
@@ -202,8 +203,9 @@ class MetricsServer:
     def register(self, collector: Collector) -> None:
         self.registry.register(collector)
 
-    def start(self, port: int, addr: str = "0.0.0.0") -> str:
-        """Serve on addr:port (0: a free port); the URL of /metrics. OSError if the port is taken."""
+    def start(self, port: int, addr: str = DEFAULT_METRICS_ADDR) -> str:
+        """Serve on addr:port (0: a free port; default address loopback only); the URL of /metrics.
+        OSError if the port is taken."""
         self._server, self._thread = start_http_server(port, addr, registry=self.registry)
         self.port = int(self._server.server_port)
         host = "127.0.0.1" if addr in ("0.0.0.0", "") else addr

@@ -23,6 +23,10 @@ import orjson
 from shared import auth
 
 DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_METRICS_ADDR = "127.0.0.1"
+"""Where a service's /metrics listens unless told (`--metrics-addr`, $DQOES_METRICS_ADDR): the pages name
+every container and its objective, so they reach another host only when someone says so (a container
+sets 0.0.0.0, its published port stays on the host's loopback)."""
 
 
 def flag(parser: argparse.ArgumentParser, name: str, env: str, default: Any = None, *,

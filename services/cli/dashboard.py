@@ -1,7 +1,8 @@
 """`dqoes dashboard` and `dqoes record`: look at clusters and runs in a browser; record a live run.
 
 `dqoes dashboard` starts the Streamlit dashboard (`dashboard.launch`) on a
-free port, prints its address and runs until Ctrl-C. It follows the clusters
+free port, prints its address (with the token a browser needs, as Jupyter
+does: `http://127.0.0.1:PORT/?token=...`) and runs until Ctrl-C. It follows the clusters
 given with --nats/--source, else both stacks of the last `dqoes up` on this
 machine, else $DQOES_NATS_URL, else localhost; with no cluster answering it
 says so and shows recorded runs only. `dqoes record` writes a live cluster's
@@ -24,6 +25,7 @@ from typing import Any
 import orjson
 
 from dashboard import launch
+from dashboard.access import TOKEN_ENV
 from dashboard.config import DEFAULT_RUNS_DIR, parse_source
 from services.cli.common import (
     CliError,
@@ -141,6 +143,7 @@ def _announce_and_wait(args: argparse.Namespace, proc: subprocess.Popen[bytes], 
         if not sources:
             print("  no cluster: recorded runs only")
         print(f"  recorded runs from {runs}/   log: {log_path}")
+        print("  the address carries the page's token: whoever holds it can set objectives", flush=True)
         print("  Ctrl-C stops it.", flush=True)
     _wait_forever(proc, stop)
     if proc.poll() is not None and proc.returncode not in (0, -signal.SIGTERM):
@@ -173,9 +176,10 @@ def cmd_record(args: argparse.Namespace) -> int:
     if args.json:
         emit_json({**result, "out": str(args.out)})
     else:
+        met = f"met {result['met_final']}, " if "met_final" in result else ""
         print(
             f"recorded {result['states']} node states over {result['recorded_s']:.0f} s: "
-            f"{result['satisfied_final']} of {result['containers']} satisfied "
+            f"{met}in band {result['satisfied_final']} of {result['containers']} "
             f"(plateau of the last {result['final_window_s']:.0f} s); open it with "
             f"`dqoes dashboard --runs {Path(args.out).parent}`"
         )
@@ -186,7 +190,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "dashboard",
         help="the web dashboard: live clusters side by side, recorded runs, objectives",
-        description="Start the Streamlit dashboard and print its address. It follows the clusters "
+        description="Start the Streamlit dashboard and print its address, which carries the token a "
+        f"browser needs (${TOKEN_ENV}, else a random one). It follows the clusters "
         "given (default: both stacks of the last `dqoes up`, else $DQOES_NATS_URL, else localhost) "
         "and shows timeline files from --runs; with no cluster answering it shows recorded runs only.",
     )
@@ -212,7 +217,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--address",
         default="127.0.0.1",
-        help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface)",
+        help="address to serve on (default 127.0.0.1; 0.0.0.0 for every interface, where the token "
+        "in the printed address is then the only guard)",
     )
     p.add_argument("--log", metavar="FILE", help="the dashboard's log file (default: in $TMPDIR)")
     p.add_argument(

@@ -296,7 +296,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
     p.set_defaults(func=cmd_paired)
 
-    p = es.add_parser("report", help="satisfied counts of the paper's experiments over seeds, as Markdown")
+    p = es.add_parser("report", help="met and in band counts of the paper's experiments over seeds, as Markdown")
     p.add_argument("--seeds", default="1-5", help="e.g. 1-5 or 1,3,7")
     p.add_argument("--scenarios", help="comma-separated built-ins (default: all)")
     p.add_argument("--update", metavar="FILE", help="replace the generated section of this Markdown file")

@@ -9,7 +9,7 @@ import sys
 from services.manager.app import ManagerConfig, run
 from shared import subjects
 from shared.core import registry
-from shared.settings import add_common, flag, nats_url, setup_logging
+from shared.settings import DEFAULT_METRICS_ADDR, add_common, flag, nats_url, setup_logging
 
 
 def parse(argv: list[str] | None = None) -> ManagerConfig:
@@ -24,7 +24,8 @@ def parse(argv: list[str] | None = None) -> ManagerConfig:
     flag(ap, "--stale-after", "DQOES_STALE_AFTER_S", 15.0, type=float, help="forget a node silent for N s")
     flag(ap, "--metrics-port", "DQOES_METRICS_PORT", None, type=int,
          help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; default: off)")
-    flag(ap, "--metrics-addr", "DQOES_METRICS_ADDR", "0.0.0.0", help="address the metrics endpoint listens on")
+    flag(ap, "--metrics-addr", "DQOES_METRICS_ADDR", DEFAULT_METRICS_ADDR,
+         help="address the metrics endpoint listens on (0.0.0.0: every interface)")
     flag(ap, "--placement", "DQOES_PLACEMENT", "flowcon", choices=registry.names("training"),
          help="where dqoes.submit puts a training job: flowcon (Algorithm 4) or default (spread)")
     a = ap.parse_args(argv)

@@ -13,6 +13,7 @@ from shared import subjects
 from shared.bus import KV, Bus, BusError, Incoming
 from shared.metrics import ManagerCollector, ManagerCounters, MetricsServer
 from shared.schema import Launch, LaunchReply, NodeState, SchemaError, TrainingState, decode_as
+from shared.settings import DEFAULT_METRICS_ADDR
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,7 @@ class ManagerConfig:
     stale_after_s: float = 15.0
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: a free one); None: off."""
-    metrics_addr: str = "0.0.0.0"
+    metrics_addr: str = DEFAULT_METRICS_ADDR
     placement: str = "flowcon"
     """Training policy whose placement `dqoes.submit` uses (flowcon: Algorithm 4; default: spread)."""
     launch_timeout_s: float = 30.0

@@ -11,7 +11,15 @@ from services.worker.app import WorkerConfig, run
 from services.worker.training import SPLITS
 from shared.core import registry
 from shared.runtime.factory import KINDS
-from shared.settings import add_common, flag, nats_url, parse_assignments, setup_logging, switch
+from shared.settings import (
+    DEFAULT_METRICS_ADDR,
+    add_common,
+    flag,
+    nats_url,
+    parse_assignments,
+    setup_logging,
+    switch,
+)
 
 
 def _params(ap: argparse.ArgumentParser, text: str | None) -> tuple[tuple[str, float], ...]:
@@ -60,7 +68,8 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
          help="cgroup runtime with --scenario: image side in pixels (default: the model's)")
     flag(ap, "--metrics-port", "DQOES_METRICS_PORT", None, type=int,
          help="serve Prometheus metrics on http://ADDR:PORT/metrics (0: a free port; default: off)")
-    flag(ap, "--metrics-addr", "DQOES_METRICS_ADDR", "0.0.0.0", help="address the metrics endpoint listens on")
+    flag(ap, "--metrics-addr", "DQOES_METRICS_ADDR", DEFAULT_METRICS_ADDR,
+         help="address the metrics endpoint listens on (0.0.0.0: every interface)")
     flag(ap, "--training-policy", "DQOES_TRAINING_POLICY", "flowcon",
          choices=(*registry.names("training"), "none"),
          help="policy of the node's training containers (label dqoes.kind=training): flowcon, default "

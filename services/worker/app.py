@@ -36,6 +36,7 @@ from shared.schema import (
     Progress,
     decode_latency,
 )
+from shared.settings import DEFAULT_METRICS_ADDR
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +79,7 @@ class WorkerConfig:
     """cgroup runtime with a scenario: image side in pixels (None: the model's)."""
     metrics_port: int | None = None
     """Serve Prometheus metrics on this port (0: a free one); None: off."""
-    metrics_addr: str = "0.0.0.0"
+    metrics_addr: str = DEFAULT_METRICS_ADDR
     training_policy: str = "flowcon"
     """Policy of the node's training containers (registry kind "training"); "none": leave them alone."""
     training_split: str = "inference-first"

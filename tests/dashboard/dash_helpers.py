@@ -1,4 +1,4 @@
-"""Helpers for the dashboard's tests: a tap on the bus, waiting for a condition."""
+"""Helpers for the dashboard's tests: the app with its token, a tap on the bus, waiting for a condition."""
 
 from __future__ import annotations
 
@@ -8,7 +8,22 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from streamlit.testing.v1 import AppTest
+
+from dashboard import access
 from shared.bus import Bus, Incoming
+
+TOKEN = "test-token-" + access.new_token()
+"""The token the tests' dashboards are started with."""
+
+
+def app_test(monkeypatch: Any, path: str, *, token: str | None = TOKEN) -> AppTest:
+    """The app at `path` under AppTest, started with TOKEN, opened with `?token=token` (None: no token)."""
+    monkeypatch.setenv(access.TOKEN_ENV, TOKEN)
+    at = AppTest.from_file(path, default_timeout=60)
+    if token is not None:
+        at.query_params[access.TOKEN_PARAM] = token
+    return at
 
 
 class BusTap:

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import orjson
 import pytest
-from dash_helpers import BusTap
+from dash_helpers import TOKEN, BusTap, app_test
 from streamlit.testing.v1 import AppTest
 
-from dashboard import config, data, views
+from dashboard import access, config, data, views
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
 from shared.scenarios.builtin import load
@@ -32,7 +32,7 @@ RECORDED = "app_pages/recorded.py"
 def app(monkeypatch, *, sources: str = "", runs: str = "", page: str = LIVE) -> AppTest:
     monkeypatch.setenv(config.SOURCES_ENV, sources)
     monkeypatch.setenv(config.RUNS_ENV, runs)
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = app_test(monkeypatch, APP)
     at.run()
     if page != LIVE:
         at.switch_page(page)
@@ -77,6 +77,73 @@ def submit(at: AppTest, container: str, objective: str, alpha: str = "") -> AppT
     return at
 
 
+def words_shown(at: AppTest) -> str:
+    """Every piece of text the page shows: titles, text, metrics, table headers, chart and axis titles."""
+    parts = [e.value for kind in ("title", "subheader", "markdown", "caption", "info", "warning", "error",
+                                  "success") for e in at.get(kind)]
+    parts += [f"{m.label} {m.value} {m.help}" for m in at.metric]
+    parts += [" ".join(map(str, d.value.columns)) for d in at.dataframe]
+
+    def titles(node):
+        if isinstance(node, dict):
+            for k, v in node.items():
+                if k == "title":
+                    yield json.dumps(v)
+                yield from titles(v)
+        elif isinstance(node, list):
+            for v in node:
+                yield from titles(v)
+
+    for spec in specs(at):
+        parts += list(titles(spec))
+    return "\n".join(parts)
+
+
+# --- the token ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", [None, "", "wrong", TOKEN[:-1], TOKEN + "x"])
+def test_without_the_token_the_page_shows_one_line_and_no_form(monkeypatch, sim_runs, given):
+    monkeypatch.setenv(config.SOURCES_ENV, "dqoes=nats://127.0.0.1:9")
+    monkeypatch.setenv(config.RUNS_ENV, str(sim_runs.dir))
+    at = app_test(monkeypatch, APP, token=given)
+    at.run()
+    assert not at.exception, at.exception
+    assert texts(at.markdown) == [access.REFUSAL]
+    assert not at.text_input and not at.button and not at.selectbox and not at.metric
+    assert not at.title and not at.dataframe and not at.get("vega_lite_chart") and not at.info
+    at.switch_page(RECORDED)  # a page's own address without the token: the same line
+    at.run()
+    assert texts(at.markdown) == [access.REFUSAL] and not at.selectbox and not at.metric
+
+
+def test_with_no_token_set_the_page_refuses_everyone(monkeypatch):
+    monkeypatch.setenv(config.SOURCES_ENV, "")
+    at = app_test(monkeypatch, APP, token="")
+    monkeypatch.delenv(access.TOKEN_ENV)
+    at.run()
+    assert texts(at.markdown) == [access.NO_TOKEN_SET] and not at.text_input and not at.button
+
+
+def test_the_token_admits_the_session_to_every_page(monkeypatch, sim_runs):
+    at = app(monkeypatch, runs=str(sim_runs.dir))
+    assert [t.value for t in at.title] == ["DQoES: live"]
+    assert [b.label for b in at.button] == ["Set objective", "Clear objective"]
+    at.query_params.clear()  # Streamlit drops the query on moving to another page
+    at.switch_page(RECORDED)
+    at.run()
+    assert [t.value for t in at.title] == ["DQoES: recorded runs"] and len(at.metric) == 2
+    assert at.query_params[access.TOKEN_PARAM] == TOKEN  # back in the address: a reload there works
+
+
+def test_pages_speak_of_met_and_in_band_never_satisfied(monkeypatch, sim_runs):
+    at = app(monkeypatch, runs=str(sim_runs.dir), page=RECORDED)
+    shown = words_shown(at)
+    assert "met" in shown and "in band" in shown
+    assert "satisf" not in shown.lower(), [line for line in shown.splitlines() if "satisf" in line.lower()]
+    assert "final CPU split" not in shown
+
+
 # --- recorded runs ----------------------------------------------------------------------------
 
 
@@ -94,9 +161,12 @@ def test_recorded_comparison_states_the_ratio_and_shares_the_axes(monkeypatch, s
     # The partner run (same scenario and seed, other policy) is chosen by itself.
     assert {first.value, second.value} == {str(f) for f in sim_runs.files.values()}
     d, b = (sim_runs.results[p].satisfied_final for p in ("dqoes", "default"))
+    dm, bm = (sim_runs.results[p].met_final for p in ("dqoes", "default"))
     (headline,) = texts(at.subheader)
-    assert headline == f"DQoES satisfied {d} of 40 containers, default Swarm {b}: {round(d / b, 1):g}x"
-    assert [m.value for m in at.metric] == [f"{d} of 40", f"{b} of 40"]
+    assert headline == (f"DQoES met {dm} of 40 objectives, default Swarm {bm}: {round(dm / bm, 1):g}x; "
+                        f"in band {d} and {b}: {round(d / b, 1):g}x")
+    assert [m.value for m in at.metric] == [f"{dm} of 40", f"{bm} of 40"]
+    assert [m.label.split(": ")[-1] for m in at.metric] == ["met", "met"]
     assert [m.label.split(" (")[0] for m in at.metric] == ["DQoES", "default Swarm"]
     charts = specs(at)
     assert len(charts) == 9  # both runs on one axis, then four figures each side by side
@@ -113,7 +183,7 @@ def test_recorded_comparison_states_the_ratio_and_shares_the_axes(monkeypatch, s
     runs = views.compare_order([data.load_timeline(f) for f in sim_runs.files.values()])
     want = views.summary_table(views.node_summary(runs[0]))
     got = at.dataframe[0].value
-    assert list(got["satisfied"]) == list(want["satisfied"])
+    assert list(got["in band"]) == list(want["in band"])
     assert list(got["node"]) == ["worker-1", "worker-2", "worker-3", "worker-4", "total"]
 
 
@@ -129,7 +199,7 @@ def test_recorded_single_run_and_an_empty_file(monkeypatch, sim_runs, tmp_path):
     at.run()
     assert not at.exception and not at.subheader  # no comparison, no ratio
     res = sim_runs.results["dqoes"]
-    assert [m.value for m in at.metric] == [f"{res.satisfied_final} of 40"]
+    assert [m.value for m in at.metric] == [f"{res.met_final} of 40"]
     assert len(specs(at)) == 4
     at.selectbox[0].select(str(runs / "empty.jsonl"))
     at.run()
@@ -164,7 +234,7 @@ def test_live_page_shows_the_cluster_and_the_form_talks_to_its_manager(monkeypat
     at = app(monkeypatch, sources=f"dqoes={small_stack.url}")
     rerun_until(at, lambda a: a.metric and a.dataframe and len(a.dataframe[2].value) == 6)
     (metric,) = at.metric
-    assert metric.label == "DQoES: satisfied" and metric.value.endswith(" of 6")
+    assert metric.label == "DQoES: met" and metric.value.endswith(" of 6")
     summary, listener, containers, params = (d.value for d in at.dataframe)
     assert list(summary["node"]) == ["node-a", "node-b", "total"]
     assert {"met", "in band", "throttled"} <= set(containers.columns)
@@ -173,7 +243,7 @@ def test_live_page_shows_the_cluster_and_the_form_talks_to_its_manager(monkeypat
         assert row["met"] == {"G": "yes", "S": "yes", "B": "no"}.get(row["class"], "-")
         assert row["in band"] == {"G": "no", "S": "yes", "B": "no"}.get(row["class"], "-")
     assert list(params["node"]) == ["node-a", "node-b"] and list(params["alpha"]) == [0.1, 0.1]
-    assert int(metric.value.split()[0]) == summary["satisfied"].iloc[-1]
+    assert int(metric.value.split()[0]) == summary["met"].iloc[-1]
     assert sorted(containers["container"]) == ["c1", "c2", "c3", "c4", "c5", "c6"]
     assert set(containers["model"]) == {"small"}
     assert list(listener["policy"]) == ["dqoes", "dqoes"]
@@ -242,9 +312,10 @@ def default_stack(tmp_path_factory, small_stack):
 def test_twin_runs_side_by_side_on_the_same_axes(monkeypatch, small_stack, default_stack):
     at = app(monkeypatch, sources=f"dqoes={small_stack.url},default={default_stack.url}")
     rerun_until(at, lambda a: len(a.metric) == 2)
-    assert [m.label for m in at.metric] == ["DQoES: satisfied", "default Swarm: satisfied"]
+    assert [m.label for m in at.metric] == ["DQoES: met", "default Swarm: met"]
     headline, form = texts(at.subheader)
-    assert headline.startswith("DQoES satisfied ") and " of 6 containers, default Swarm " in headline
+    assert headline.startswith("DQoES met ") and " of 6 objectives, default Swarm " in headline
+    assert "; in band " in headline
     assert form == "Set or clear an objective"
     charts = specs(at)
     assert len(charts) == 9  # both runs on one axis, then four figures each side by side

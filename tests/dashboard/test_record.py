@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -64,6 +65,12 @@ def test_a_recording_reads_back_as_the_live_view_showed_it():
     )
     assert result["satisfied_final"] == want
     assert views.outcome(back).satisfied == want
+    want_met = sum(
+        plateau([(ns.at - t0, ns.met) for ns, _ in pairs if ns.node == n], end - window, end)
+        for n in ("worker-1", "worker-2")
+    )
+    assert result["met_final"] == want_met and views.outcome(back).met == want_met
+    assert result["met_per_node"].keys() == result["satisfied_per_node"].keys()
     assert result["satisfied_at_end"] == sum(ns.satisfied for ns in shown.latest.values())
 
 
@@ -107,6 +114,12 @@ def test_dqoes_record_writes_a_timeline_the_recorded_view_opens(small_stack, tmp
     assert run.policy == "dqoes" and run.scenario == "live" and run.containers_total == 6
     assert len(run.rounds) == res["states"]
     assert views.outcome(run).satisfied == res["satisfied_final"]
+    assert views.outcome(run).met == res["met_final"]
+    r = _dqoes("record", "--nats", small_stack.url, "--out", str(out), "--duration", "2", env_dir=tmp_path)
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert re.search(r": met \d+, in band \d+ of 6 \(plateau of the last \d+ s\)", last), last
+    assert "satisf" not in r.stdout
 
 
 def test_dqoes_record_with_no_cluster_is_one_clear_line(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from streamlit.testing.v1 import AppTest
+from dash_helpers import app_test
 
 from dashboard import config, training
 from experiments import training as training_exp
@@ -45,7 +45,7 @@ def test_the_page_shows_both_runs(tmp_path, monkeypatch):
     _pair(tmp_path)
     monkeypatch.setenv(config.SOURCES_ENV, "")
     monkeypatch.setenv(config.RUNS_ENV, str(tmp_path))
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = app_test(monkeypatch, APP)
     at.run()
     at.switch_page("app_pages/training.py")
     at.run()
@@ -57,7 +57,7 @@ def test_the_page_shows_both_runs(tmp_path, monkeypatch):
 def test_the_page_says_what_to_do_without_timelines(tmp_path, monkeypatch):
     monkeypatch.setenv(config.SOURCES_ENV, "")
     monkeypatch.setenv(config.RUNS_ENV, str(tmp_path))
-    at = AppTest.from_file(APP, default_timeout=60)
+    at = app_test(monkeypatch, APP)
     at.run()
     at.switch_page("app_pages/training.py")
     at.run()

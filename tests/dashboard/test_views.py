@@ -71,30 +71,47 @@ def test_comparison_states_the_ratio_plainly(sim_runs):
     runs = views.compare_order([data.load_timeline(f) for f in sim_runs.files.values()][::-1])
     assert [r.policy for r in runs] == ["dqoes", "default"]
     d, b = (sim_runs.results[p].satisfied_final for p in ("dqoes", "default"))
-    assert d > b > 0  # the paper's finding, here for seed 1
+    dm, bm = (sim_runs.results[p].met_final for p in ("dqoes", "default"))
+    assert d > b > 0 and dm > bm > 0  # the paper's finding, here for seed 1
     text = views.ratio_sentence(views.outcome(runs[0]), views.outcome(runs[1]))
     assert text == (
-        f"DQoES satisfied {d} of 40 containers, default Swarm {b}: {round(d / b, 1):g}x"
+        f"DQoES met {dm} of 40 objectives, default Swarm {bm}: {round(dm / bm, 1):g}x; "
+        f"in band {d} and {b}: {round(d / b, 1):g}x"
     )
 
 
 @pytest.mark.parametrize(
-    "a, b, words",
+    "a, b, met, band",
     [
-        (22, 2, "DQoES satisfied 22 of 40 containers, default Swarm 2: 11x"),
-        (16, 2, ": 8x"),
-        (7, 2, ": 3.5x"),
-        (5, 0, ": no ratio (default Swarm satisfied none)"),
-        (0, 0, ": neither satisfied any"),
-        (1, 3, ": 0.33x"),
+        ((26, 23), (21, 2), ": 1.2x;", "in band 23 and 2: 11.5x"),
+        ((16, 16), (2, 2), ": 8x;", ": 8x"),
+        ((7, 7), (2, 2), ": 3.5x;", ": 3.5x"),
+        ((5, 5), (0, 0), ": no ratio (default Swarm met none);", ": no ratio (none in band under default Swarm)"),
+        ((0, 0), (0, 0), ": neither met any;", ": none in band on either side"),
+        ((1, 1), (3, 3), ": 0.33x;", ": 0.33x"),
     ],
 )
-def test_ratio_sentence_cases(a, b, words):
-    one = views.Outcome("DQoES", "dqoes", a, 40, "now")
-    two = views.Outcome("default Swarm", "default", b, 40, "now")
+def test_ratio_sentence_cases(a, b, met, band):
+    one = views.Outcome("DQoES", "dqoes", a[1], 40, "now", met=a[0])
+    two = views.Outcome("default Swarm", "default", b[1], 40, "now", met=b[0])
     text = views.ratio_sentence(one, two)
-    assert words in text
-    assert text.startswith(f"DQoES satisfied {a} of 40 containers, default Swarm {b}")
+    assert text.startswith(f"DQoES met {a[0]} of 40 objectives, default Swarm {b[0]}{met} in band {a[1]} and {b[1]}")
+    assert text.endswith(band)
+
+
+def test_without_met_the_comparison_is_on_in_band():
+    one = views.Outcome("DQoES", "dqoes", 22, 40, "final")
+    two = views.Outcome("default Swarm", "default", 2, 30, "final", met=20)
+    assert views.ratio_sentence(one, two) == "DQoES kept 22 of 40 containers in band, default Swarm 2 of 30: 11x"
+    assert ui_headline(one) == ("DQoES: in band", "22 of 40")
+    assert ui_headline(two) == ("default Swarm: met", "20 of 30")
+
+
+def ui_headline(o: views.Outcome) -> tuple[str, str]:
+    from dashboard.ui import headline
+
+    label, value, _ = headline(o.name, o)
+    return label, value
 
 
 def test_two_runs_are_drawn_on_identical_axes(sim_runs):

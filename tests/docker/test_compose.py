@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -149,6 +150,9 @@ def test_the_compose_file_is_valid(version):
     # Prometheus /metrics of the manager and both workers, published on the host's loopback.
     assert cfg.count("DQOES_METRICS_PORT") == 3
     assert all(port in cfg for port in ("19100", "19101", "19102"))
+    # Inside each container on every interface (the default is loopback), on 9180 (9100 is node_exporter's).
+    assert len(re.findall(r"DQOES_METRICS_ADDR: ['\"]?0\.0\.0\.0", cfg)) == 3
+    assert "9180" in cfg and not re.search(r"\b9100\b", cfg)
     # Authentication on: the server reads the generated users; each service mounts its own file.
     assert "/etc/nats/nats-server.conf" in cfg and cfg.count("/run/dqoes/nats.creds") >= 9
     assert "inference-node-a.creds" in cfg and "worker-node-b.creds" in cfg and "admin.creds" not in cfg
@@ -159,6 +163,8 @@ def test_the_stack_file_is_valid_and_needs_the_node_name():
     r = run([*cmd, "-f", str(STACK_FILE), "config"], env={"DQOES_SWARM_NODE": "n1"}, check=True)
     assert r.stdout.count("dqoes.node: n1") == 4
     assert "{{.Node.Hostname}}" in r.stdout  # left for Swarm to expand in the environment
+    assert len(re.findall(r"DQOES_METRICS_ADDR: ['\"]?0\.0\.0\.0", r.stdout)) == 2  # manager, worker tasks
+    assert len(re.findall(r"DQOES_METRICS_PORT: ['\"]?9180", r.stdout)) == 2
     bad = run([*cmd, "-f", str(STACK_FILE), "config"], env={"DQOES_SWARM_NODE": ""})
     assert bad.returncode != 0 and "DQOES_SWARM_NODE" in bad.stderr
 

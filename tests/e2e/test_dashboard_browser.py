@@ -1,5 +1,10 @@
 """The dashboard in a real headless Chromium: a live `dqoes up` run, and a recorded comparison.
 
+Both open the page first without its token (one line of refusal, no form,
+nothing of the cluster) and then with the address as printed. Every page is
+also checked for what a user should not see: a Deploy button or developer
+menu, and the word "satisfied" (the vocabulary is met and in band).
+
 Debian's /usr/bin/chromium, driven by playwright's Python package (no
 playwright browser download). Without Chromium the tests are skipped with
 the reason, unless DQOES_REQUIRE_BROWSER=1 (then they fail). Every page is
@@ -24,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from dashboard import access
 from shared.scenarios.builtin import load
 from shared.sim.engine import simulate
 from shared.timeline import run_file_name, write_jsonl
@@ -67,6 +73,7 @@ def browser() -> Iterator[object]:
 def spawn(*args: str, state_dir: Path) -> subprocess.Popen[str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "DQOES_STATE_DIR": str(state_dir)}
     env.pop("DQOES_NATS_URL", None)
+    env.pop(access.TOKEN_ENV, None)  # a fresh random token, as a user gets
     return subprocess.Popen([sys.executable, "-m", "services.cli", *args], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=REPO, env=env)
 
@@ -101,10 +108,42 @@ def no_exception(page) -> None:
     assert boxes.count() == 0, boxes.first.inner_text()
 
 
-def satisfied_now(page) -> int | None:
+def refused_without_token(browser, url: str, path: str = "/") -> None:
+    """The page at `path` without the token, and with a wrong one: the refusal line and nothing else."""
+    base = url.split("/?", 1)[0]
+    for address in (base + path, access.with_token(base, "not-the-token", path)):
+        page = browser.new_page(viewport={"width": 1400, "height": 1200})
+        page.goto(address)
+        page.get_by_text(access.REFUSAL.split(":")[0]).wait_for(timeout=60_000)  # markdown: `...` is code
+        page.wait_for_timeout(1500)  # anything else the script would draw has arrived by now
+        body = page.inner_text("body")
+        assert page.locator("input, button:has-text('objective'), " + METRIC + ", " + CHART).count() == 0
+        assert "DQoES: live" not in body and "recorded runs" not in body, body
+        assert page.locator('[data-testid="stSidebarNav"]').count() == 0
+        page.close()
+
+
+def clean_chrome(page) -> None:
+    """No Deploy button, no developer menu; no "satisfied" anywhere on the page."""
+    assert page.get_by_role("button", name="Deploy").count() == 0
+    assert page.locator('[data-testid="stAppDeployButton"]').count() == 0
+    assert page.get_by_text("Deploy", exact=True).count() == 0
+    assert page.locator('[data-testid="stMainMenu"]').count() == 0  # minimal toolbar: no menu left
+    body = page.inner_text("body")
+    assert "satisf" not in body.lower(), [x for x in body.splitlines() if "satisf" in x.lower()]
+    assert "final CPU split" not in page.content()
+
+
+def met_now(page) -> int | None:
     """The live metric "N of M" as N (None while it is not on the page)."""
     values = page.locator(METRIC).all_inner_texts()
     m = re.match(r"(\d+) of (\d+)", values[0]) if values else None
+    return int(m.group(1)) if m else None
+
+
+def in_band_now(page) -> int | None:
+    """The "in band N of M" under the live metric as N (None while it is not on the page)."""
+    m = re.search(r"in band (\d+) of \d+", page.inner_text("body"))
     return int(m.group(1)) if m else None
 
 
@@ -129,14 +168,18 @@ def test_live_run_in_a_real_browser(browser, tmp_path):
                "--run-dir", str(tmp_path / "run"), "--runs", str(tmp_path), state_dir=tmp_path)
     try:
         url = read_until(up, r"dashboard: (http://\S+)").group(1)
+        assert re.fullmatch(r"http://127\.0\.0\.1:\d+/\?token=[A-Za-z0-9_-]{32}", url), url
+        refused_without_token(browser, url)
         page = browser.new_page(viewport={"width": 1400, "height": 2400})
         page.goto(url)
-        first = poll(page, lambda: satisfied_now(page), 60, "the live satisfied count")
-        assert page.get_by_text("DQoES: satisfied").count() == 1
-        risen = poll(page, lambda: (n := satisfied_now(page)) is not None and n > first and n,
-                     90, f"the satisfied count rising above {first}")
+        poll(page, lambda: met_now(page), 60, "the live met count")
+        assert page.get_by_text("DQoES: met").count() == 1
+        first = poll(page, lambda: in_band_now(page), 30, "the live in band count")
+        risen = poll(page, lambda: (n := in_band_now(page)) is not None and n > first and n,
+                     90, f"the in band count rising above {first}")
         assert risen > first
         wait_for_charts(page, 4)
+        clean_chrome(page)
 
         # A bad objective: a message, and the manager is never asked.
         page.locator('input[aria-label="container"]').fill("c3")
@@ -150,8 +193,8 @@ def test_live_run_in_a_real_browser(browser, tmp_path):
             timeout=20_000
         )
         # The container table shows met, in band and throttling for every container.
-        grid = page.locator('[data-testid="stDataFrame"]').filter(has_text="in band")
-        poll(page, lambda: grid.count() == 1, 30, "the containers table with its in band column")
+        grid = page.locator('[data-testid="stDataFrame"]').filter(has_text="throttled")
+        poll(page, lambda: grid.count() == 1, 30, "the containers table with its throttled column")
         headers = grid.first.locator('[role="columnheader"]').all_inner_texts()
         assert {"met", "in band", "throttled"} <= {h.strip() for h in headers}, headers
         cells = grid.first.locator('[role="gridcell"]').all_inner_texts()
@@ -171,26 +214,38 @@ def test_live_run_in_a_real_browser(browser, tmp_path):
 def test_recorded_comparison_in_a_real_browser(browser, tmp_path):
     runs = tmp_path / "runs"
     sc = load("paper-cluster-40", 1)
-    satisfied = {}
+    counts = {}
     for policy in ("dqoes", "default"):
         res = simulate(sc, policy, 1, record=True)
         write_jsonl(runs / run_file_name(sc.name, policy, 1),
                     res.timeline + [{"kind": "result", **res.summary()}])
-        satisfied[policy] = res.satisfied_final
+        counts[policy] = (res.satisfied_final, res.met_final)
     board = spawn("dashboard", "--no-live", "--runs", str(runs), "--json", state_dir=tmp_path)
     try:
         url = json.loads(read_until(board, r"^\{.*\}$").group(0))["url"]
+        refused_without_token(browser, url, "/recorded")
         page = browser.new_page(viewport={"width": 1500, "height": 1900})
-        page.goto(f"{url}/recorded")
-        d, b = satisfied["dqoes"], satisfied["default"]
-        headline = (f"DQoES satisfied {d} of 40 containers, default Swarm {b}: "
-                    f"{round(d / b, 1):g}x")
+        page.goto(access.with_token(url.split("/?", 1)[0], url.split("token=", 1)[1], "/recorded"))
+        (d, dm), (b, bm) = counts["dqoes"], counts["default"]
+        headline = (f"DQoES met {dm} of 40 objectives, default Swarm {bm}: {round(dm / bm, 1):g}x; "
+                    f"in band {d} and {b}: {round(d / b, 1):g}x")
         page.get_by_text(headline).wait_for(timeout=60_000)
-        want = [f"{d} of 40", f"{b} of 40"]
+        want = [f"{dm} of 40", f"{bm} of 40"]
         poll(page, lambda: page.locator(METRIC).all_inner_texts() == want, 30, f"metrics {want}")
-        wait_for_charts(page, 4)  # the ones in view: |S| and delivered QoE, both sides
+        wait_for_charts(page, 4)  # the ones in view: in band and delivered QoE, both sides
         page.wait_for_timeout(1000)
         no_exception(page)
+        clean_chrome(page)
+        # Moving to another page and reloading it keeps the tab admitted (the address keeps the token).
+        page.get_by_test_id("stSidebarNavLink").filter(has_text="Live").click()
+        page.get_by_text("DQoES: live").wait_for(timeout=30_000)
+        page.reload()
+        page.get_by_text("DQoES: live").wait_for(timeout=60_000)
+        assert page.get_by_text(access.REFUSAL.split(":")[0]).count() == 0
+        page.get_by_test_id("stSidebarNavLink").filter(has_text="Recorded runs").click()
+        page.get_by_text(headline).wait_for(timeout=60_000)
+        wait_for_charts(page, 4)
+        page.wait_for_timeout(1000)
         shot = tmp_path / "comparison.png"
         page.screenshot(path=str(shot))
         assert shot.stat().st_size > 50_000

@@ -97,7 +97,7 @@ def test_worker_metrics_match_its_node_state(stack):
     assert met == {c.container: float(c.met) for c in ns.containers if c.met is not None}
     assert sum(met.values()) == ns.met
     in_band = per_container(m, "dqoes_container_in_band")
-    assert sum(in_band.values()) == ns.satisfied == m["dqoes_node_satisfied"][(("node", "worker-1"),)]
+    assert sum(in_band.values()) == ns.satisfied == m["dqoes_node_in_band"][(("node", "worker-1"),)]
     classes = {dict(k)["class"]: v for k, v in m["dqoes_node_containers"].items()}
     assert classes == {"G": len(ns.members["G"]), "S": len(ns.members["S"]), "B": len(ns.members["B"]),
                        "pending": 0, "unmanaged": 0}
@@ -159,3 +159,5 @@ def test_manager_metrics_count_targets_and_sum_the_cluster(stack):
     assert m["dqoes_cluster_nodes"][()] == 1.0
     per_node = {dict(k)["class"]: v for k, v in m["dqoes_cluster_node_containers"].items()}
     assert sum(per_node.values()) == 10
+    assert m["dqoes_cluster_in_band"][()] == sum(m["dqoes_cluster_node_in_band"].values()) == per_node["S"]
+    assert not [name for name in m if "satisf" in name]  # one vocabulary: met and in band
