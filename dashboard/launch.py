@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dashboard.config import source_args
+from shared import children
 from shared.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ def start(
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=root, start_new_session=True,
+            preexec_fn=children.die_with_parent(),  # gone with whoever started it
         )
     finally:
         if log_path:

@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from shared import children
+
 log = logging.getLogger(__name__)
 
 BINARY_ENV = "DQOES_NATS_SERVER"
@@ -80,6 +82,7 @@ class NatsServer:
         ready_timeout_s: float = 10.0,
         extra_args: tuple[str, ...] = (),
         config_file: str | os.PathLike[str] | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         """`port` None: a free one on first start, then the same on restarts.
 
@@ -92,6 +95,8 @@ class NatsServer:
         self.extra_args = tuple(extra_args)
         self.config_file = Path(config_file) if config_file is not None else None
         """A nats-server config (`-c`): the authorization block of `shared.auth`; re-read on start."""
+        self.die_with_parent = die_with_parent
+        """The server gets SIGKILL when this process dies (shared/children.py): no orphaned server."""
         self._binary = binary
         self._port: int | None = port
         self._proc: subprocess.Popen[bytes] | None = None
@@ -154,7 +159,8 @@ class NatsServer:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:
             self._proc = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=children.die_with_parent() if self.die_with_parent else None,
             )
         try:
             self._port = self._wait_ready(offset)

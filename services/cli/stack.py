@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared import auth
+from shared import auth, children
 from shared.natsd import NatsServer
 from shared.ports import free_port, port_taken
 from shared.scenarios.spec import Scenario, scenario_to_dict
@@ -146,7 +146,7 @@ class Stack:
         log = self.log_path(name).open("ab")
         self.procs[name] = subprocess.Popen(
             [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=self._env(),
-            start_new_session=True,
+            start_new_session=True, preexec_fn=children.die_with_parent(),  # gone with `dqoes up`
         )
         log.close()
         self._started_at[name] = time.monotonic()
