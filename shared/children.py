@@ -11,8 +11,10 @@ child between fork and exec (`preexec_fn`), it survives the exec and needs
 no cooperation from the program (nats-server is a Go binary).
 
 Two details: the signal follows the death of the *thread* that forked the
-child, so start children from a thread that lives as long as they should
-(the main thread, as every caller here does); and a parent that dies between
+child, so it is asked for only from the main thread (which lives as long as
+the process; every caller here starts children from it): a child started
+from another thread is not tied, rather than killed when that thread ends
+(a test's supervising thread); and a parent that dies between
 fork and prctl would be missed, so the child checks that its parent is still
 the one that forked it and kills itself otherwise.
 
@@ -31,6 +33,7 @@ import shutil
 import signal
 import stat
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,9 +56,9 @@ _PRCTL = _prctl()
 
 def die_with_parent(sig: int = signal.SIGKILL, then: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """A `preexec_fn` for subprocess.Popen: the child gets `sig` when this process dies; `then`
-    (another preexec step, such as joining a cgroup) runs after. None where prctl is missing and
-    `then` is None."""
-    if _PRCTL is None:
+    (another preexec step, such as joining a cgroup) runs after. Just `then` where prctl is missing
+    or off the main thread (module doc)."""
+    if _PRCTL is None or threading.current_thread() is not threading.main_thread():
         return then
     prctl = _PRCTL
     parent = os.getpid()

@@ -226,6 +226,13 @@ class NatsServer:
                 proc.kill()
                 proc.wait(timeout=timeout_s)
 
+    def release_port(self) -> None:
+        """The next `start()` takes a free port instead of the last one (a stopped server's port may
+        have been taken meanwhile: behind a `NatsFront` nobody depends on it)."""
+        if self.running:
+            raise NatsServerError("the server is running on its port")
+        self._port = None
+
     def restart(self) -> NatsServer:
         """Stop and start again on the same port and store directory."""
         self.stop()
