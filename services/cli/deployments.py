@@ -63,9 +63,18 @@ def _pointers_dir() -> Path:
     return state_dir() / POINTERS
 
 
+def pointers_dir() -> Path:
+    """Where the pointers go, created and checked (like a credentials directory: a pointer names one,
+    and a forged pointer would send the CLI's credentials elsewhere); DeploymentError if unsafe."""
+    try:
+        return authfiles.secure_dir(_pointers_dir())
+    except authfiles.UnsafePathError as e:
+        raise DeploymentError(str(e)) from None
+
+
 def write_pointer(data_dir: Path, stacks: list[dict[str, Any]]) -> Path:
     """This process's pointer file (private to the user: it names the credentials directory)."""
-    d = authfiles.secure_dir(_pointers_dir())
+    d = pointers_dir()
     path = d / f"{os.getpid()}.json"
     authfiles.write_private(path, orjson.dumps({
         "pid": os.getpid(), "started_at": time.time(), "data_dir": str(data_dir), "stacks": stacks,

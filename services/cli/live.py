@@ -174,6 +174,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     run_root = Path(args.run_dir) if args.run_dir else state_dir() / "up"
     try:  # ours alone: another user's directory is refused, a second `dqoes up` on it too
         run_root = authfiles.secure_dir(run_root)
+        deployments.pointers_dir()
         lock = deployments.lock_data_dir(run_root)  # held until this process ends
     except (authfiles.UnsafePathError, deployments.DeploymentError) as e:
         raise CliError(str(e)) from None
