@@ -174,12 +174,19 @@ class Stack:
         lines: list[str] = []
         if self.nats is not None and not self.nats.running:
             status = self.nats.returncode
+            try:
+                old_port: int | None = self.nats.port if self.front is not None else None
+            except NatsServerError:  # the last start failed before it had one
+                old_port = None
             try:  # on a free private port: the old one may have been taken, the front's never is
                 self.nats.release_port()
                 self.nats.start()
                 self.restarts["nats-server"] = self.restarts.get("nats-server", 0) + 1
+                taken = old_port is not None and old_port != self.nats.port and port_taken(old_port)
                 lines.append(f"nats-server exited (status {status}); restarted on {self.plain_url} "
-                             f"with the same JetStream store (restart {self.restarts['nats-server']})")
+                             f"with the same JetStream store (restart {self.restarts['nats-server']})"
+                             + (f"; another process listens on its old private port {old_port}, and gets "
+                                f"no connection from the front" if taken else ""))
             except Exception as e:  # try again on the next call
                 lines.append(f"nats-server exited (status {status}) and did not start again: {e}")
         for name, p in list(self.procs.items()):

@@ -113,7 +113,8 @@ def test_no_service_connects_to_a_process_that_took_the_dead_servers_port(tmp_pa
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "ready"
         time.sleep(3.0)  # the services retry every 0.5 s meanwhile
         lines = stack.supervise()
-        assert any("nats-server exited" in line and "restarted on " + stack.plain_url in line for line in lines), lines
+        assert any("nats-server exited" in line and "restarted on " + stack.plain_url in line
+                   and f"another process listens on its old private port {private}" in line for line in lines), lines
         assert stack.nats.port != private  # the squatter holds the old one
         # The real server is back behind the same URL, and every service with it.
         assert asyncio.run(a_state(stack.client_url, 20.0)).node == "n1"
