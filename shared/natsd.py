@@ -103,7 +103,9 @@ class NatsServer:
         self._last_returncode: int | None = None
         self._work_dir: Path | None = None
         if (jetstream and store_dir is None) or log_path is None:
-            self._work_dir = Path(tempfile.mkdtemp(prefix="dqoes-nats-"))
+            # Named after this process: what a killed one leaves, the next one removes.
+            children.remove_stale_dirs(Path(tempfile.gettempdir()), "dqoes-nats-")
+            self._work_dir = Path(tempfile.mkdtemp(prefix=f"dqoes-nats-{os.getpid()}-"))
         scratch = self._work_dir if self._work_dir is not None else Path(tempfile.gettempdir())
         self.store_dir: Path | None = None
         if jetstream:
