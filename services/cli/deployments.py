@@ -6,7 +6,8 @@ overwrote the first's and, when it stopped, deleted the pointer the CLI used
 to find the other. So each `dqoes up` writes its own pointer,
 `$DQOES_STATE_DIR/deployments/<pid>.json` (data directory, stacks, NATS
 URLs, credentials directory), removes it when it stops, and pointers whose
-process is gone are ignored and removed. When more than one deployment
+process is gone (or no longer holds its data directory's lock: the PID was
+reused) are ignored and removed. When more than one deployment
 answers, the CLI names them and asks for `--deployment PID`.
 
 Two `dqoes up` on one data directory would share its JetStream store and
@@ -104,11 +105,28 @@ def running() -> list[dict[str, Any]]:
             stacks = [s for s in info["stacks"] if isinstance(s, dict)]
         except (OSError, ValueError, KeyError, TypeError):
             continue
-        if not children.alive(pid):
+        if not (children.alive(pid) and _locked(info.get("data_dir"))):  # gone, or its PID reused
             p.unlink(missing_ok=True)
             continue
         out.append({**info, "stacks": stacks})
     return sorted(out, key=lambda i: float(i.get("started_at") or 0))
+
+
+def _locked(data_dir: object) -> bool:
+    """Whether some process holds the data directory's lock (a running `dqoes up` does)."""
+    if not isinstance(data_dir, str):
+        return False
+    try:
+        fd = os.open(Path(data_dir) / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # a shared lock we took goes with the descriptor
+    return False
 
 
 def describe(info: dict[str, Any]) -> str:
