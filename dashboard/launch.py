@@ -25,6 +25,7 @@ from pathlib import Path
 
 from dashboard.access import TOKEN_ENV, new_token, token_from, with_token
 from dashboard.config import SOURCES_ENV, sources_env
+from shared import children
 from shared.ports import free_port
 
 log = logging.getLogger(__name__)
@@ -107,7 +108,8 @@ def start(
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
     try:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            preexec_fn=children.die_with_parent(),  # gone with whoever started it
         )
     finally:
         if log_path:

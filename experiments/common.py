@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from shared import auth
+from shared import auth, children
 from shared.core import registry
 from shared.core.controller import finished_on_clock
 from shared.natsd import NatsServer
@@ -167,6 +167,10 @@ def check_interrupted() -> None:
         raise KeyboardInterrupt
 
 
+RUN_DIR_PREFIX = "dqoes-run-"
+"""A live run's private directory in $TMPDIR: `dqoes-run-<pid>-<random>`."""
+
+
 class PrivateNats:
     """The private nats-server (JetStream on) one live run talks over, with the project's
     authentication and per-role permissions, as every deployment has them (shared/auth.py).
@@ -174,10 +178,12 @@ class PrivateNats:
     Why its own directory: a run's records (`--out`) are meant to be kept and shared, and a run's
     credentials and server state are not records. They live in a private temporary directory
     (mode 0700), removed by `close()`; only the server's log goes where the caller says (`log_path`;
-    None: with the rest, removed too)."""
+    None: with the rest, removed too). Its name carries this process's PID: a run killed before it
+    could remove it (`kill -9`) leaves it behind, and the next run removes those whose PID is gone."""
 
     def __init__(self, nodes: Sequence[str], log_path: Path | None = None) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="dqoes-run-"))
+        children.remove_stale_dirs(Path(tempfile.gettempdir()), RUN_DIR_PREFIX)  # of runs killed before
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{RUN_DIR_PREFIX}{os.getpid()}-"))
         log_path = log_path if log_path is not None else self.dir / "nats-server.log"
         self.auth_dir = self.dir / "auth"
         try:

@@ -54,7 +54,7 @@ from experiments.common import (
     record_stem,
     update_section,
 )
-from shared import auth, subjects
+from shared import auth, children, subjects
 from shared.bus import Bus, BusError
 from shared.core import registry
 from shared.core.measures import plateau, time_mean
@@ -202,7 +202,8 @@ class RealRun:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         with (self.run_dir / f"{what}.log").open("ab") as log:
             self.procs[what] = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
-                                                env=env, start_new_session=True)
+                                                env=env, start_new_session=True,
+                                                preexec_fn=children.die_with_parent())
         check_interrupted()  # a SIGTERM during the fork is dropped there
 
     def worker_args(self, url: str) -> list[str]:

@@ -38,7 +38,7 @@ from experiments.common import (
     reading_back,
     update_section,
 )
-from shared import auth, subjects
+from shared import auth, children, subjects
 from shared.bus import Bus
 from shared.schema import JobDone, NodeState, Progress, TrainingState
 
@@ -99,7 +99,8 @@ class Stack:
                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
         with (self.run_dir / f"{what}.log").open("ab") as log:
             self.procs[what] = subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
-                                                env=env, start_new_session=True, cwd=REPO)
+                                                env=env, start_new_session=True, cwd=REPO,
+                                                preexec_fn=children.die_with_parent())
 
     def start(self) -> str:
         """Start the server, the manager and the worker; returns the URL the experiment connects with

@@ -20,7 +20,8 @@ no role may publish on `_INBOX.>` at will.
 
 Credentials: one user and random password per identity, generated at first
 start into a directory (`<data dir>/auth/`, mode 0700, files 0600, never in
-the repository): `<identity>.creds` (JSON: user, password) for each, and
+the repository; a directory another user could change is refused, files are
+written without following links: shared/authfiles.py): `<identity>.creds` (JSON: user, password) for each, and
 `nats-server.conf`, the server's `authorization` block. A client reads its
 file (`--creds FILE`, `$DQOES_NATS_CREDS`) and connects with the user and
 password in its URL (`with_credentials`); logs show URLs with the password
@@ -41,14 +42,13 @@ from __future__ import annotations
 import json
 import os
 import secrets
-import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
-from shared import subjects
+from shared import authfiles, subjects
 
 CREDS_ENV = "DQOES_NATS_CREDS"
 """Environment variable naming a credentials file (the `--creds` flag's default)."""
@@ -208,12 +208,10 @@ def server_config(ids: Iterable[Identity]) -> str:
 
 
 def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o600)
-    os.replace(tmp, path)
+    try:
+        authfiles.write_private(path, text)
+    except authfiles.UnsafePathError as e:
+        raise AuthError(str(e)) from None
 
 
 def load(path: str | os.PathLike[str]) -> Credentials:
@@ -249,9 +247,10 @@ def ensure(directory: str | os.PathLike[str], nodes: Iterable[str] = (), *,
     beyond the roles (the test suite's all-subjects user); not remembered.
     Returns the config path.
     """
-    d = Path(directory)
-    d.mkdir(parents=True, exist_ok=True)
-    os.chmod(d, stat.S_IRWXU)
+    try:  # refused when another user could control it (shared/authfiles.py)
+        d = authfiles.secure_dir(directory)
+    except authfiles.UnsafePathError as e:
+        raise AuthError(str(e)) from None
     nodes_file = d / NODES_NAME
     known: set[str] = set()
     if nodes_file.exists():

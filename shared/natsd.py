@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from types import TracebackType
 
+from shared import children
+
 log = logging.getLogger(__name__)
 
 BINARY_ENV = "DQOES_NATS_SERVER"
@@ -80,6 +82,7 @@ class NatsServer:
         ready_timeout_s: float = 10.0,
         extra_args: tuple[str, ...] = (),
         config_file: str | os.PathLike[str] | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         """`port` None: a free one on first start, then the same on restarts.
 
@@ -92,13 +95,17 @@ class NatsServer:
         self.extra_args = tuple(extra_args)
         self.config_file = Path(config_file) if config_file is not None else None
         """A nats-server config (`-c`): the authorization block of `shared.auth`; re-read on start."""
+        self.die_with_parent = die_with_parent
+        """The server gets SIGKILL when this process dies (shared/children.py): no orphaned server."""
         self._binary = binary
         self._port: int | None = port
         self._proc: subprocess.Popen[bytes] | None = None
         self._last_returncode: int | None = None
         self._work_dir: Path | None = None
         if (jetstream and store_dir is None) or log_path is None:
-            self._work_dir = Path(tempfile.mkdtemp(prefix="dqoes-nats-"))
+            # Named after this process: what a killed one leaves, the next one removes.
+            children.remove_stale_dirs(Path(tempfile.gettempdir()), "dqoes-nats-")
+            self._work_dir = Path(tempfile.mkdtemp(prefix=f"dqoes-nats-{os.getpid()}-"))
         scratch = self._work_dir if self._work_dir is not None else Path(tempfile.gettempdir())
         self.store_dir: Path | None = None
         if jetstream:
@@ -154,7 +161,8 @@ class NatsServer:
         offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as out:
             self._proc = subprocess.Popen(
-                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+                args, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                preexec_fn=children.die_with_parent() if self.die_with_parent else None,
             )
         try:
             self._port = self._wait_ready(offset)
@@ -219,6 +227,13 @@ class NatsServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=timeout_s)
+
+    def release_port(self) -> None:
+        """The next `start()` takes a free port instead of the last one (a stopped server's port may
+        have been taken meanwhile: behind a `NatsFront` nobody depends on it)."""
+        if self.running:
+            raise NatsServerError("the server is running on its port")
+        self._port = None
 
     def restart(self) -> NatsServer:
         """Stop and start again on the same port and store directory."""

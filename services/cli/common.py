@@ -13,11 +13,12 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import orjson
 
+from services.cli import deployments
+from services.cli.deployments import state_dir as state_dir  # where the commands keep their state
 from shared import auth, settings
 from shared.bus import Bus, BusError
 from shared.core.profiles import ModelProfile
@@ -68,33 +69,31 @@ def profiles_from(path: str | None) -> dict[str, ModelProfile] | None:
     return None if path is None else load_profiles_file(path)
 
 
-def state_dir() -> Path:
-    base = os.environ.get("DQOES_STATE_DIR") or os.path.join(
-        os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state"), "dqoes")
-    return Path(base)
-
-
-def last_up() -> list[dict[str, Any]]:
-    """The stacks of a `dqoes up` running on this machine ([] if none)."""
+def last_up(deployment: str | None = None) -> list[dict[str, Any]]:
+    """The stacks of the `dqoes up` running on this machine ([] if none): `deployment` (a PID or a data
+    directory) if given; CliError naming them when several run and none is chosen (services.cli.deployments)."""
     try:
-        info = orjson.loads((state_dir() / "up.json").read_bytes())
-        if info.get("pid") and _alive(int(info["pid"])):
-            return [s for s in info["stacks"] if isinstance(s, dict)]
-    except (OSError, ValueError, KeyError, IndexError, TypeError):
-        pass
-    return []
+        info = deployments.choose(deployment)
+    except deployments.DeploymentError as e:
+        raise CliError(str(e)) from None
+    return list(info["stacks"]) if info else []
 
 
-def resolve_url(flag_value: str | None, creds: str | None = None, identity: str = "client") -> str:
+def resolve_url(flag_value: str | None, creds: str | None = None, identity: str = "client",
+                deployment: str | None = None) -> str:
     """The URL to connect to, with credentials in it.
 
-    URL: --nats, else $DQOES_NATS_URL, else the last `dqoes up`, else localhost.
-    Credentials: --creds, else $DQOES_NATS_CREDS, else `identity`'s file in the
-    auth directory of the `dqoes up` serving that URL, else none.
+    URL: --nats, else $DQOES_NATS_URL, else the running `dqoes up` (--deployment
+    when several run), else localhost. Credentials: --creds, else
+    $DQOES_NATS_CREDS, else `identity`'s file in the auth directory of the
+    `dqoes up` serving that URL, else none.
     """
-    stacks = last_up()
-    url = flag_value or os.environ.get("DQOES_NATS_URL") or (
-        str(stacks[0]["nats_url"]) if stacks else DEFAULT_NATS_URL)
+    url = flag_value or os.environ.get("DQOES_NATS_URL")
+    if url is None or deployment:
+        stacks = last_up(deployment)
+        url = url or (str(stacks[0]["nats_url"]) if stacks else DEFAULT_NATS_URL)
+    else:  # a URL given: the credentials of whichever deployment serves it
+        stacks = [s for info in deployments.running() for s in info["stacks"]]
     if not creds and not os.environ.get(auth.CREDS_ENV):
         for s in stacks:
             if s.get("nats_url") == url and s.get("auth_dir"):
@@ -110,17 +109,15 @@ def resolve_url(flag_value: str | None, creds: str | None = None, identity: str 
 
 def add_nats_flags(p: Any, identity: str = "client") -> None:
     """--nats and --creds for a command that talks to a running deployment."""
-    p.add_argument("--nats", help="NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)")
+    p.add_argument("--nats", help="NATS URL (default: $DQOES_NATS_URL, the running `dqoes up`, localhost)")
     p.add_argument("--creds", help=f"credentials file ({identity} role; default: ${auth.CREDS_ENV}, "
-                   "else the last `dqoes up`'s; docs/security.md)")
+                   "else the running `dqoes up`'s; docs/security.md)")
+    add_deployment_flag(p)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except OSError:
-        return False
-    return True
+def add_deployment_flag(p: Any) -> None:
+    p.add_argument("--deployment", metavar="PID|DIR",
+                   help="which `dqoes up` to talk to when several run here: its PID or data directory")
 
 
 async def connect(url: str, name: str) -> Bus:

@@ -3,8 +3,8 @@
 `dqoes dashboard` starts the Streamlit dashboard (`dashboard.launch`) on a
 free port, prints its address (with the token a browser needs, as Jupyter
 does: `http://127.0.0.1:PORT/?token=...`) and runs until Ctrl-C. It follows the clusters
-given with --nats/--source, else both stacks of the last `dqoes up` on this
-machine, else $DQOES_NATS_URL, else localhost; with no cluster answering it
+given with --nats/--source, else the stacks of the running `dqoes up` on this
+machine (--deployment when several run), else $DQOES_NATS_URL, else localhost; with no cluster answering it
 says so and shows recorded runs only. `dqoes record` writes a live cluster's
 node states as a timeline file that the dashboard's recorded view opens.
 `dqoes up` starts the same dashboard next to its stacks
@@ -22,39 +22,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from dashboard import launch
 from dashboard.access import TOKEN_ENV
 from dashboard.config import DEFAULT_RUNS_DIR, parse_source
 from services.cli.common import (
     CliError,
+    add_deployment_flag,
     add_nats_flags,
     emit_json,
     last_up,
     resolve_url,
     set_on_signals,
     signals_as_flag,
-    state_dir,
 )
 from shared import auth
 from shared.bus import BusError
 from shared.settings import DEFAULT_NATS_URL
 
 
-def default_sources() -> list[tuple[str, str]]:
-    """Both stacks of a running `dqoes up` (labelled by policy), else $DQOES_NATS_URL, else localhost."""
-    try:
-        info = orjson.loads((state_dir() / "up.json").read_bytes())
-        pid = int(info.get("pid") or 0)
-        if pid:
-            os.kill(pid, 0)
-            stacks = [(str(s["name"]), str(s["nats_url"])) for s in info["stacks"]]
-            if stacks:
-                return stacks
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    return [("live", os.environ.get("DQOES_NATS_URL") or DEFAULT_NATS_URL)]
+def default_sources(deployment: str | None = None) -> list[tuple[str, str]]:
+    """The stacks of the running `dqoes up` (labelled by policy), else $DQOES_NATS_URL, else localhost."""
+    stacks = [(str(s["name"]), str(s["nats_url"])) for s in last_up(deployment)]
+    return stacks or [("live", os.environ.get("DQOES_NATS_URL") or DEFAULT_NATS_URL)]
 
 
 def sources_from(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -68,7 +57,7 @@ def sources_from(args: argparse.Namespace) -> list[tuple[str, str]]:
         label = "live" if not out and len(args.nats) == 1 else f"live-{len(out) + 1}"
         out.append((label, url))
     if not out:
-        out = default_sources()
+        out = default_sources(getattr(args, "deployment", None))
     labels = [label for label, _ in out]
     if len(set(labels)) != len(labels):
         raise CliError(
@@ -87,7 +76,7 @@ def dashboard_creds(args: argparse.Namespace, sources: list[tuple[str, str]]) ->
     if args.creds or os.environ.get(auth.CREDS_ENV):
         return args.creds or os.environ[auth.CREDS_ENV]
     urls = {u for _, u in sources}
-    for s in last_up():
+    for s in last_up(getattr(args, "deployment", None)):
         if s.get("nats_url") in urls and s.get("auth_dir"):
             return str(auth.creds_path(s["auth_dir"], "client"))
     return None
@@ -158,7 +147,7 @@ def cmd_record(args: argparse.Namespace) -> int:
         raise CliError(f"--duration: must be more than 0 seconds, got {args.duration:g}")
     from dashboard.record import record  # pandas and the bus: only for this command
 
-    url = resolve_url(args.nats, args.creds)
+    url = resolve_url(args.nats, args.creds, deployment=args.deployment)
     stop = asyncio.Event()
 
     async def go(early: dict[str, bool]) -> dict[str, Any]:
@@ -192,7 +181,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="the web dashboard: live clusters side by side, recorded runs, objectives",
         description="Start the Streamlit dashboard and print its address, which carries the token a "
         f"browser needs (${TOKEN_ENV}, else a random one). It follows the clusters "
-        "given (default: both stacks of the last `dqoes up`, else $DQOES_NATS_URL, else localhost) "
+        "given (default: the stacks of the running `dqoes up` (--deployment when several run), else $DQOES_NATS_URL, "
+        "else localhost) "
         "and shows timeline files from --runs; with no cluster answering it shows recorded runs only.",
     )
     p.add_argument(
@@ -208,7 +198,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="a cluster with its label, e.g. dqoes=nats://127.0.0.1:4222 (repeatable)",
     )
     p.add_argument("--creds", metavar="FILE", help="credentials file (client role) for the clusters "
-                   f"(default: ${auth.CREDS_ENV}, else the last `dqoes up`'s; docs/security.md)")
+                   f"(default: ${auth.CREDS_ENV}, else the running `dqoes up`'s; docs/security.md)")
+    add_deployment_flag(p)
     p.add_argument("--no-live", action="store_true", help="recorded runs only; follow no cluster")
     p.add_argument(
         "--runs", metavar="DIR", help=f"folder of timeline files (default: ./{DEFAULT_RUNS_DIR})"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import shutil
 import subprocess
@@ -22,10 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
-
 from dashboard import launch
 from dashboard.config import DEFAULT_RUNS_DIR
+from services.cli import deployments
 from services.cli.common import (
     CliError,
     connect,
@@ -35,7 +33,7 @@ from services.cli.common import (
     state_dir,
 )
 from services.cli.stack import Stack, StackSpec
-from shared import subjects
+from shared import auth, authfiles, subjects
 from shared.aio import wait_event
 from shared.core import registry
 from shared.core.measures import plateau
@@ -174,16 +172,36 @@ def cmd_up(args: argparse.Namespace) -> int:
     policies = ["dqoes", "default"] if args.twin else [args.policy]
     # A stable data directory: objectives (JetStream) and credentials outlive a `dqoes up`.
     run_root = Path(args.run_dir) if args.run_dir else state_dir() / "up"
-    if args.fresh:
-        for p in policies:
-            shutil.rmtree(run_root / p / "jetstream", ignore_errors=True)
-    stacks = [
+    try:  # ours alone: another user's directory is refused, a second `dqoes up` on it too
+        run_root = authfiles.secure_dir(run_root)
+        deployments.pointers_dir()
+        lock = deployments.lock_data_dir(run_root)  # held until this process ends
+    except (authfiles.UnsafePathError, deployments.DeploymentError) as e:
+        raise CliError(str(e)) from None
+    try:
+        if args.fresh:
+            for p in policies:
+                shutil.rmtree(run_root / p / "jetstream", ignore_errors=True)
+        try:
+            stacks = _stacks(scenario, policies, args, run_root)
+        except auth.AuthError as e:
+            raise CliError(str(e)) from None
+        return _run(stacks, scenario, args, run_root)
+    finally:
+        os.close(lock)
+
+
+def _stacks(scenario: Any, policies: list[str], args: argparse.Namespace, run_root: Path) -> list[Stack]:
+    return [
         Stack(StackSpec(scenario, policy=p, seed=args.seed, time_scale=args.time_scale, label=p,
                         runtime=args.runtime, workload_batch=args.batch, workload_resolution=args.resolution,
                         metrics=not args.no_metrics, on_stop=args.on_stop),
               run_dir=run_root / p, auth_dir=run_root / "auth")
         for p in policies
     ]
+
+
+def _run(stacks: list[Stack], scenario: Any, args: argparse.Namespace, run_root: Path) -> int:
     stopped = False
     board: subprocess.Popen[bytes] | None = None
     # Signals are a flag from before the stacks start: one that came while they were starting
@@ -193,7 +211,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             start_at = time.time() + 2.0 + 0.5 * len(stacks) * (len(scenario.nodes) + 1)
             for s in stacks:  # one scenario clock for both stacks of a twin run
                 s.start(start_at)
-            _write_state(stacks)
+            deployments.write_pointer(run_root, _pointer(stacks))
             if not args.json:
                 print(f"data directory: {run_root} (objectives, credentials, logs; --fresh forgets objectives)")
                 print(f"DQoES up: scenario {scenario.name} ({len(scenario.containers)} containers on "
@@ -248,8 +266,7 @@ def cmd_up(args: argparse.Namespace) -> int:
                 launch.stop(board)
             for s in stacks:
                 s.stop()
-            with contextlib.suppress(OSError):
-                (state_dir() / "up.json").unlink()
+            deployments.remove_pointer()
 
 
 def _ratio(a: int, b: int) -> str:
@@ -294,14 +311,10 @@ def _with_nodes(scenario: Any, nodes: int, seed: int) -> Any:
     return cluster(nodes, seed)
 
 
-def _write_state(stacks: list[Stack]) -> None:
-    d = state_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "up.json").write_bytes(orjson.dumps({
-        "pid": os.getpid(), "started_at": time.time(),
-        "stacks": [{"name": s.name, "nats_url": s.plain_url, "run_dir": str(s.run_dir),
-                    "auth_dir": str(s.auth_dir) if s.auth_dir else None} for s in stacks],
-    }))
+def _pointer(stacks: list[Stack]) -> list[dict[str, Any]]:
+    """What `dqoes status` and the others need to find this deployment (services.cli.deployments)."""
+    return [{"name": s.name, "nats_url": s.plain_url, "run_dir": str(s.run_dir),
+             "auth_dir": str(s.auth_dir) if s.auth_dir else None} for s in stacks]
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:

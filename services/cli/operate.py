@@ -7,7 +7,8 @@ CLI. `status`, `target` and `watch` use the public JSON subjects
 (`dqoes.cluster.*`, `dqoes.targets[.get|list|clear]`); `control` is the
 operator's request on `dqoes.control.<node>` (msgpack `ControlMsg`, answered
 with a `ControlReply` by the worker). The NATS URL comes from --nats, else
-$DQOES_NATS_URL, else the last `dqoes up` on this machine, else localhost.
+$DQOES_NATS_URL, else the running `dqoes up` on this machine (--deployment
+when several run), else localhost.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import orjson
 
 from services.cli.common import (
     CliError,
+    add_deployment_flag,
     connect,
     emit_json,
     parse_assignments,
@@ -154,7 +156,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         raise CliError("--every must be > 0 seconds")
 
     async def go() -> None:
-        bus = await connect(resolve_url(args.nats, args.creds), "dqoes-status")
+        bus = await connect(resolve_url(args.nats, args.creds, deployment=args.deployment), "dqoes-status")
         stop = set_on_signals(asyncio.Event())
         shown = 0
         try:
@@ -187,7 +189,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 async def _public_request(args: argparse.Namespace, subject: str, body: bytes) -> dict[str, Any]:
-    bus = await connect(resolve_url(args.nats, args.creds), "dqoes-target")
+    bus = await connect(resolve_url(args.nats, args.creds, deployment=args.deployment), "dqoes-target")
     try:
         data = await _request(bus, subject, body)
     finally:
@@ -241,7 +243,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
 
     async def go() -> dict[str, Any]:
-        bus = await connect(resolve_url(args.nats, args.creds), "dqoes-submit")
+        bus = await connect(resolve_url(args.nats, args.creds, deployment=args.deployment), "dqoes-submit")
         try:
             reply = await bus.request(subjects.SUBMIT, data, timeout_s=args.timeout)
         except (NoResponders, RequestTimeout):
@@ -349,7 +351,7 @@ def cmd_control(args: argparse.Namespace) -> int:
     asked = parse_assignments(args.set)
 
     async def go() -> list[ControlReply]:
-        bus = await connect(resolve_url(args.nats, args.creds, identity="admin"), "dqoes-control")
+        bus = await connect(resolve_url(args.nats, args.creds, identity="admin", deployment=args.deployment), "dqoes-control")
         try:
             cs = await fetch_cluster(bus)
             nodes = list(cs.nodes) if args.node is None else [args.node]
@@ -384,7 +386,7 @@ def cmd_control(args: argparse.Namespace) -> int:
 
 def cmd_watch(args: argparse.Namespace) -> int:
     async def go() -> None:
-        bus = await connect(resolve_url(args.nats, args.creds), "dqoes-watch")
+        bus = await connect(resolve_url(args.nats, args.creds, deployment=args.deployment), "dqoes-watch")
         stop = set_on_signals(asyncio.Event())
         last = [0.0]
         shown = [0]
@@ -429,8 +431,8 @@ def cmd_watch(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction) -> None:
-    nats_help = "NATS URL (default: $DQOES_NATS_URL, the last `dqoes up`, localhost)"
-    creds_help = (f"credentials file, client role (default: ${auth.CREDS_ENV}, else the last `dqoes up`'s; "
+    nats_help = "NATS URL (default: $DQOES_NATS_URL, the running `dqoes up`, localhost)"
+    creds_help = (f"credentials file, client role (default: ${auth.CREDS_ENV}, else the running `dqoes up`'s; "
                   "docs/security.md)")
     p = sub.add_parser("status", help="the cluster: one row per node, then one per container",
                        description="The cluster summary (met, in band and CPU per node, G/S/B, Q values, interval) and, "
@@ -438,6 +440,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        "whether it meets its objective and is in band, class, CPU limit and use (cores), "
                        "throttled share of CFS periods, last batch.")
     p.add_argument("--nats", help=nats_help)
+    add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
     p.add_argument("--node", help="only this node and its containers")
     p.add_argument("--json", action="store_true",
@@ -460,6 +463,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="data and weights seed")
     p.add_argument("--timeout", type=float, default=40.0, help="seconds to wait for the reply (default 40)")
     p.add_argument("--nats", help=nats_help)
+    add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the reply as one JSON object")
     p.set_defaults(func=cmd_submit)
@@ -474,6 +478,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("seconds", type=float)
     p.add_argument("--alpha", type=float, help="this container's tolerance band (0 < alpha < 1)")
     p.add_argument("--nats", help=nats_help)
+    add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_set)
@@ -482,12 +487,14 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      description="Request {container} on dqoes.targets.get and print the stored objective.")
     p.add_argument("container")
     p.add_argument("--nats", help=nats_help)
+    add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_get)
 
     p = t.add_parser("list", help="every stored objective", description="Request dqoes.targets.list.")
     p.add_argument("--nats", help=nats_help)
+    add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_list)
@@ -498,6 +505,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                      "dqoes.objective_s label) and lifts its CPU limit.")
     p.add_argument("container")
     p.add_argument("--nats", help=nats_help)
+    add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_clear)
@@ -512,13 +520,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("set", nargs="*", metavar="NAME=VALUE", help="parameters to set (none: read)")
     p.add_argument("--node", help="only this node (default: every node reporting to the manager)")
     p.add_argument("--nats", help=nats_help)
+    add_deployment_flag(p)
     p.add_argument("--creds", help="credentials file of an admin identity: only an admin may publish control "
-                   f"(default: ${auth.CREDS_ENV}, else the last `dqoes up`'s admin.creds; docs/security.md)")
+                   f"(default: ${auth.CREDS_ENV}, else the running `dqoes up`'s admin.creds; docs/security.md)")
     p.add_argument("--json", action="store_true", help="print every node's reply as one JSON object")
     p.set_defaults(func=cmd_control)
 
     p = sub.add_parser("watch", help="follow the cluster summary live")
     p.add_argument("--nats", help=nats_help)
+    add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
     p.add_argument("--every", type=float, default=1.0, help="at most one line per N seconds")
     p.add_argument("--count", type=int, default=0, help="stop after about N lines (0: until Ctrl-C)")

@@ -10,8 +10,11 @@ later reader see the same workload).
 Supervision (`supervise()`, called by `dqoes up` four times a second): a
 service that exits without being asked is started again with the same
 arguments after a backoff (1 s, doubling up to 30 s; back to 1 s once it has
-run for a minute), and a dead nats-server is restarted on the same port and
-JetStream store, so clients reconnect to the same URL and objectives are kept.
+run for a minute), and a dead nats-server is restarted with the same JetStream
+store, so clients reconnect to the same URL and objectives are kept. That URL
+is a front the stack holds for its whole life (shared/natsfront.py): the port
+services connect to never falls free for another process to take, and the
+front forwards only to a server it verified as its own child.
 Each restart is one log line (returned, and appended to `supervisor.log`).
 Log files are bounded: one over `MAX_LOG_BYTES` is copied to `NAME.log.1`
 and emptied (the process keeps appending to the same file).
@@ -29,8 +32,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared import auth
-from shared.natsd import NatsServer
+from shared import auth, children
+from shared.natsd import NatsServer, NatsServerError
+from shared.natsfront import NatsFront
 from shared.ports import free_port, port_taken
 from shared.scenarios.spec import Scenario, scenario_to_dict
 
@@ -87,6 +91,8 @@ class Stack:
         if self.auth_dir is not None:
             auth.ensure(self.auth_dir, [n.name for n in spec.scenario.nodes])
         self.nats: NatsServer | None = None
+        self.front: NatsFront | None = None
+        """Holds the port services connect to, for as long as this stack runs; forwards to `nats`."""
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.start_at: float | None = None
         self._argv: dict[str, tuple[list[str], str]] = {}
@@ -100,11 +106,20 @@ class Stack:
 
     @property
     def plain_url(self) -> str:
-        """The server's URL without credentials (printed, stored, given to services with --creds)."""
+        """The server's URL without credentials (printed, stored, given to services with --creds):
+        the front's for a private server (shared/natsfront.py)."""
         if self._external_url:
             return self._external_url
-        assert self.nats is not None
-        return self.nats.url
+        assert self.front is not None
+        return self.front.url
+
+    def _upstream(self) -> tuple[int, int] | None:
+        """Where the front forwards: the supervised server's private port and PID, while it runs."""
+        n = self.nats
+        try:
+            return (n.port, n.pid) if n is not None and n.running and n.pid is not None else None
+        except NatsServerError:  # between a restart's fork and its port
+            return None
 
     @property
     def url(self) -> str:
@@ -144,7 +159,7 @@ class Stack:
         log = self.log_path(name).open("ab")
         self.procs[name] = subprocess.Popen(
             [sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=self._env(),
-            start_new_session=True,
+            start_new_session=True, preexec_fn=children.die_with_parent(),  # gone with `dqoes up`
         )
         log.close()
         self._started_at[name] = time.monotonic()
@@ -158,10 +173,18 @@ class Stack:
         if self.nats is not None and not self.nats.running:
             status = self.nats.returncode
             try:
+                old_port: int | None = self.nats.port if self.front is not None else None
+            except NatsServerError:  # the last start failed before it had one
+                old_port = None
+            try:  # on a free private port: the old one may have been taken, the front's never is
+                self.nats.release_port()
                 self.nats.start()
                 self.restarts["nats-server"] = self.restarts.get("nats-server", 0) + 1
+                taken = old_port is not None and old_port != self.nats.port and port_taken(old_port)
                 lines.append(f"nats-server exited (status {status}); restarted on {self.plain_url} "
-                             f"with the same JetStream store (restart {self.restarts['nats-server']})")
+                             f"with the same JetStream store (restart {self.restarts['nats-server']})"
+                             + (f"; another process listens on its old private port {old_port}, and gets "
+                                f"no connection from the front" if taken else ""))
             except Exception as e:  # try again on the next call
                 lines.append(f"nats-server exited (status {status}) and did not start again: {e}")
         for name, p in list(self.procs.items()):
@@ -236,6 +259,7 @@ class Stack:
                                    log_path=str(self.run_dir / "nats-server.out"),
                                    config_file=auth.config_path(self.auth_dir))
             self.nats.start()
+            self.front = NatsFront(self._upstream).start()
 
     def start(self, start_at: float | None = None) -> Stack:
         """Start everything; scenario time 0 falls at `start_at` (unix time; default: soon)."""
@@ -309,6 +333,9 @@ class Stack:
         if self.nats is not None:
             self.nats.stop()
             self.nats = None
+        if self.front is not None:
+            self.front.close()
+            self.front = None
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.run_dir.glob("*.log")))

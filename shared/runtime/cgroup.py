@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from shared import children
 from shared.runtime import cgroupfs
 from shared.runtime.base import (
     ALPHA_LABEL,
@@ -189,7 +190,7 @@ class CgroupRuntime(RealClock):
                 *argv,
                 env=None if env is None else {**os.environ, **env},
                 stdin=asyncio.subprocess.DEVNULL,
-                preexec_fn=join_group,
+                preexec_fn=children.die_with_parent(then=join_group),  # gone with the worker
                 start_new_session=True,  # its own process group: close() kills children too
             )
         except (OSError, subprocess.SubprocessError) as e:
