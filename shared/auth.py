@@ -447,13 +447,15 @@ def user_of(url: str) -> str | None:
 
 
 def redact(url: str) -> str:
-    """The URL as logs may show it: a password in it (never DQoES's own) becomes ***."""
+    """The URL as logs and records show it: the server only (a password in it, never DQoES's own,
+    becomes ***; a credentials file it names is left out: a local path, of no use elsewhere)."""
     try:
-        parts = urlsplit(url)
+        server = split_url(url)[0]
+        parts = urlsplit(server)
     except ValueError:
         return "<unparseable URL>"
     if parts.password is None:
-        return url
+        return server
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit((parts.scheme, f"{parts.username}:***@{host}", parts.path, parts.query, parts.fragment))
 

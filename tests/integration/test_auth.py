@@ -290,7 +290,7 @@ def test_credentials_are_private_kept_and_rotated(tmp_path):
     # A URL names the file, never the key: safe to log or pass to a child process.
     url = auth.with_credentials("nats://h:1", rotated)
     assert rotated.seed not in url and auth.creds_of(url) == str(auth.creds_path(d, "worker-n1").resolve())
-    assert auth.redact("nats://u:secret@h:1") == "nats://u:***@h:1"
+    assert auth.redact("nats://u:secret@h:1") == "nats://u:***@h:1" and auth.redact(url) == "nats://h:1"
 
 
 def test_public_keys_are_derived_the_same_with_and_without_pynacl(monkeypatch):

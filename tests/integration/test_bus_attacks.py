@@ -11,7 +11,8 @@ a worker) and shows the attack refused with nothing changed:
 - a client reading another identity's inbox, or every inbox: refused;
 - a connection without a key: refused (tests/integration/test_auth.py has the
   anonymous, password and unknown-key cases);
-- a `tls://` URL to a server that offers no TLS: refused before CONNECT.
+- a `tls://` URL to a server that offers no TLS: refused before CONNECT (and
+  one that offers TLS: reached over it).
 """
 
 from __future__ import annotations
@@ -187,3 +188,28 @@ async def test_a_tls_url_to_a_server_without_tls_sends_nothing(tmp_path, nats_au
         bus = await Bus.connect(f"nats://127.0.0.1:{srv.port}", "plain-client", creds=creds)
         await bus.close()
         await wait_for(lambda: "CONNECT" in log.read_text(), 5)
+
+
+async def test_a_tls_url_to_a_server_with_tls_connects(tmp_path, nats_auth, monkeypatch):
+    """The check refuses plaintext only: a server that offers TLS is reached over TLS."""
+    import shutil
+    import subprocess
+
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("no openssl to make a certificate")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run([openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                    "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], check=True, capture_output=True)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the client trusts this private CA
+    with NatsServer(jetstream=False, log_path=tmp_path / "nats.log", config_file=auth.config_path(nats_auth),
+                    extra_args=("--tls", "--tlscert", str(cert), "--tlskey", str(key))) as srv:
+        url = auth.with_credentials(f"tls://127.0.0.1:{srv.port}", auth.creds_path(nats_auth, "test"))
+        a, b = await Bus.connect(url, "tls-a"), await Bus.connect(url, "tls-b")
+        try:
+            await b.subscribe_raw("t.ask", lambda inc: b.reply(inc, b"over tls"))
+            assert await a.request("t.ask", b"q") == b"over tls"
+        finally:
+            await a.close()
+            await b.close()
