@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import urllib.request
 
 import orjson
 import pytest
@@ -69,10 +70,20 @@ async def ask(bus: Bus, subject: str, body: bytes, timeout_s: float = 30.0) -> d
         await asyncio.sleep(0.1)
 
 
+def refused_replies(metrics_url: str) -> float:
+    """The manager's dqoes_bus_refused_replies_total, from its /metrics page."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(metrics_url, timeout=5) as r:
+        text = r.read().decode()
+    return sum(s.value for fam in text_string_to_metric_families(text) for s in fam.samples
+               if s.name == "dqoes_bus_refused_replies_total")
+
+
 @pytest.fixture
 def stack(tmp_path):
     s = Stack(StackSpec(parse_scenario(json.loads(json.dumps(ONE))), time_scale=5.0, start_delay_s=0.3,
-                        state_interval_s=0.2), run_dir=tmp_path / "run")
+                        state_interval_s=0.2, metrics=True), run_dir=tmp_path / "run")
     with s:
         yield s
 
@@ -111,7 +122,9 @@ async def test_replies_aimed_at_the_bucket_its_api_or_internal_subjects_are_not_
         assert landed == [], landed
         after = await kv.get_entry("c3")
         assert after is not None and after.revision == before.revision and after.value == before.value
-        # Counted and logged at a bounded rate: one line per request subject for these 60 refusals.
+        # Counted (Prometheus) and logged at a bounded rate: a line per request subject, not per refusal.
+        refused = await asyncio.to_thread(refused_replies, stack.metrics_urls["manager"])
+        assert refused == len(aims) * len(requests), refused
         lines = [ln for ln in stack.logs().splitlines() if "reply subject is not an inbox" in ln]
         assert 1 <= len(lines) <= len(requests), lines
 
