@@ -499,3 +499,22 @@ def test_an_experiments_private_bus_in_a_with_block_is_removed_after_it_and_afte
         with failed:
             pytest.fail("the block must not run when the server did not start")
     assert not failed.dir.exists()
+
+
+def test_dqoes_auth_init_writes_a_key_file_per_identity_and_prints_no_seed(tmp_path):
+    import subprocess
+    import sys
+
+    d = tmp_path / "auth"
+    r = subprocess.run([sys.executable, "-m", "services.cli", "auth", "init", "--dir", str(d), "--node", "n1",
+                        "--json"], capture_output=True, text=True, check=True)
+    info = json.loads(r.stdout)
+    names = {i["identity"] for i in info["identities"]}
+    assert names == {"admin", "manager", "store", "client", "worker-n1", "inference-n1"}
+    for i in info["identities"]:
+        creds = auth.load(i["creds"])
+        assert creds.identity == i["identity"] and creds.inbox_prefix == i["inbox_prefix"] == f"_INBOX.{creds.identity}"
+        assert creds.seed not in r.stdout + r.stderr
+        assert (Path(i["creds"]).stat().st_mode & 0o777) == 0o600
+    conf = auth.config_path(d).read_text()
+    assert conf.count("nkey:") == len(names) and "password" not in conf
