@@ -32,19 +32,14 @@ writes the new identities and the new config (then reload the server);
 rotating: `ensure(dir, rotate=True)`.
 
 Pure apart from reading and writing files in the given directory: no NATS
-here (the bus is the only NATS client). Standard library only (`python3 -m
-shared.auth init` runs on a bare host): a public key is derived with PyNaCl
-when it is installed, else with the RFC 8032 arithmetic below (done once per
-key, at `init`; signing is the bus's, through nats-py and PyNaCl).
+here (the bus is the only NATS client). Standard library only, keys included
+(`shared/nkey.py`): `python3 -m shared.auth init` runs on a bare host.
 """
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import os
-import secrets
 import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -53,6 +48,8 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from shared import subjects
+from shared.nkey import NkeyError, new_user_seed
+from shared.nkey import public_key as _public_key
 
 CREDS_ENV = "DQOES_NATS_CREDS"
 """Environment variable naming a credentials file (the `--creds` flag's default)."""
@@ -73,89 +70,12 @@ class AuthError(ValueError):
     """A credentials file or directory that cannot be used; the text says which and why."""
 
 
-# --- nkeys: the NATS encoding of Ed25519 keys ---------------------------------------------
-
-_PREFIX_SEED = 18 << 3
-_PREFIX_USER = 20 << 3
-
-
-def _crc16(data: bytes) -> int:
-    """CRC-16/XMODEM, the checksum of an encoded nkey."""
-    crc = 0
-    for byte in data:
-        crc ^= byte << 8
-        for _ in range(8):
-            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
-            crc &= 0xFFFF
-    return crc
-
-
-def _encode(raw: bytes) -> str:
-    raw += _crc16(raw).to_bytes(2, "little")
-    return base64.b32encode(raw).decode().rstrip("=")
-
-
-def _decode(text: str) -> bytes:
-    try:
-        raw = base64.b32decode(text + "=" * (-len(text) % 8))
-    except ValueError:
-        raise AuthError("not an nkey (bad base32)") from None
-    if len(raw) < 3 or _crc16(raw[:-2]) != int.from_bytes(raw[-2:], "little"):
-        raise AuthError("not an nkey (bad checksum)")
-    return raw[:-2]
-
-
-def _ed25519_public(seed: bytes) -> bytes:
-    """The Ed25519 public key of a 32-byte seed (RFC 8032, 5.1.5)."""
-    try:
-        from nacl.signing import SigningKey
-    except ImportError:
-        pass
-    else:
-        return bytes(SigningKey(seed).verify_key)
-    q = 2**255 - 19
-    d = -121665 * pow(121666, q - 2, q) % q
-    by = 4 * pow(5, q - 2, q) % q
-    xx = (by * by - 1) * pow(d * by * by + 1, q - 2, q) % q
-    bx = pow(xx, (q + 3) // 8, q)
-    if (bx * bx - xx) % q:
-        bx = bx * pow(2, (q - 1) // 4, q) % q
-    if bx % 2:
-        bx = q - bx
-
-    def add(p1: tuple[int, int, int, int], p2: tuple[int, int, int, int]) -> tuple[int, int, int, int]:
-        x1, y1, z1, t1 = p1
-        x2, y2, z2, t2 = p2
-        a, b = (y1 - x1) * (y2 - x2) % q, (y1 + x1) * (y2 + x2) % q
-        c, dd = t1 * 2 * d * t2 % q, z1 * 2 * z2 % q
-        e, f, g, h = b - a, dd - c, dd + c, b + a
-        return e * f % q, g * h % q, f * g % q, e * h % q
-
-    h = hashlib.sha512(seed).digest()
-    scalar = (int.from_bytes(h[:32], "little") & ((1 << 254) - 8)) | (1 << 254)
-    acc, point = (0, 1, 1, 0), (bx, by, 1, bx * by % q)
-    while scalar:
-        if scalar & 1:
-            acc = add(acc, point)
-        point = add(point, point)
-        scalar >>= 1
-    zi = pow(acc[2], q - 2, q)
-    x, y = acc[0] * zi % q, acc[1] * zi % q
-    return (y | ((x & 1) << 255)).to_bytes(32, "little")
-
-
-def new_user_seed() -> str:
-    """A fresh nkey user seed (`SU...`), from the OS's random source."""
-    raw = secrets.token_bytes(32)
-    return _encode(bytes([_PREFIX_SEED | (_PREFIX_USER >> 5), (_PREFIX_USER & 31) << 3]) + raw)
-
-
 def public_key(seed: str) -> str:
     """The public nkey (`U...`) of a user seed; AuthError if it is not one."""
-    raw = _decode(seed)
-    if len(raw) != 34 or raw[0] & 0xF8 != _PREFIX_SEED or (((raw[0] & 7) << 5) | (raw[1] >> 3)) != _PREFIX_USER:
-        raise AuthError("not an nkey user seed")
-    return _encode(bytes([_PREFIX_USER]) + _ed25519_public(raw[2:]))
+    try:
+        return _public_key(seed)
+    except NkeyError as e:
+        raise AuthError(str(e)) from None
 
 
 @dataclass(frozen=True, slots=True)
