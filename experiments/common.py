@@ -204,7 +204,7 @@ class PrivateNats:
         return auth.creds_path(self.auth_dir, identity)
 
     def url_as(self, identity: str) -> str:
-        """The server's URL with `identity`'s user and password, for a client in this process."""
+        """The server's URL naming `identity`'s credentials file, for a client in this process."""
         return auth.with_credentials(self.server.url, auth.load(self.creds(identity)))
 
     def close(self) -> None:

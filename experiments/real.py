@@ -220,7 +220,8 @@ class RealRun:
         # Authentication and per-role permissions, the credentials outside the records (common.py).
         self.nats = PrivateNats([self.node], self.run_dir / "nats-server.out")
         url = self.nats.start()
-        self._spawn("manager", ["-m", "services.manager", "--nats", url, "--cluster-interval", "1"], "manager")
+        self._spawn("manager", ["-m", "services.manager", "--nats", url, "--cluster-interval", "1",
+                                "--store-creds", str(self.nats.creds("store"))], "manager")
         common = self.worker_args(url)
         if self.runtime == "cgroup":
             scenario = self.run_dir / "scenario.json"

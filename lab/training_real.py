@@ -109,7 +109,8 @@ class Stack:
         # Authentication and per-role permissions, as every deployment has them (common.py).
         self.nats = PrivateNats([NODE], self.run_dir / "nats-server.out")
         url = self.nats.start()
-        self._spawn("manager", ["-m", "services.manager", "--nats", url, "--placement", self.policy], "manager")
+        self._spawn("manager", ["-m", "services.manager", "--nats", url, "--placement", self.policy,
+                                "--store-creds", str(self.nats.creds("store"))], "manager")
         self._spawn("worker", ["-m", "services.worker", "--nats", url, "--node", NODE, "--runtime", "cgroup",
                                "--cores", f"{self.cores:g}", "--training-policy", self.policy,
                                "--interval", f"{self.interval_s:g}", "--state-interval", "1"],

@@ -4,74 +4,103 @@ Why: DQoES moves the CPU of production hosts on the strength of what it reads
 on NATS. An anonymous client that can publish a node state, a latency event,
 an objective hand-over or a control message can steer it (issue 11 lists the
 forgeries). So every deployment runs with authentication and per-user
-subject permissions, enforced by nats-server itself:
+subject permissions, enforced by nats-server itself (the table is `_rules`;
+docs/guide/security.md has the threat model).
 
-| role               | publishes                                           | subscribes                                   |
-|--------------------|-----------------------------------------------------|----------------------------------------------|
-| `inference-<node>` | latency and training progress of its node's containers | nothing                                   |
-| `worker-<node>`    | its node's decisions, state and training state; latency and progress of its node (the sim and cgroup runtimes publish for their containers); replies | its node's latency, progress, objectives, control and launches |
-| `manager`          | objective hand-overs, launches, the cluster summary, the objectives bucket (JetStream API for that bucket only), replies | node and training states, targets, submits, cluster queries |
-| `client`           | target requests (set, get, list, clear), submits, cluster queries | cluster summary, node and training states, decisions, latency, progress, replies |
-| `admin`            | what a client does, and control messages            | what a client does                           |
+No secret on the wire: each identity is a NATS nkey (Ed25519). The server
+knows only the public key; a client proves it holds the seed by signing the
+nonce the server sends (challenge-response), so a server impostor on the
+port learns nothing it could replay.
 
-A request's reply goes to the requester's `_INBOX.<random>`; responders get
-`allow_responses` (they may answer what they were asked, nothing else), so
-no role may publish on `_INBOX.>` at will.
+Replies only to the requester: each identity has its own inbox prefix
+(`_INBOX.<identity>`) and may subscribe only to that, so no one reads the
+replies meant for another. Responders (manager, workers) may publish on
+`_INBOX.>` and nothing else for replies (no `allow_responses`: with it a
+requester could aim a reply at any subject the responder may publish on,
+the objectives bucket included); `shared.bus` also refuses to answer on a
+reply subject outside `_INBOX.`. The objectives bucket is written by its own
+identity, `store`, whose connection serves no requests.
 
-Credentials: one user and random password per identity, generated at first
-start into a directory (`<data dir>/auth/`, mode 0700, files 0600, never in
-the repository; a directory another user could change is refused, files are
-written without following links: shared/authfiles.py): `<identity>.creds` (JSON: user, password) for each, and
-`nats-server.conf`, the server's `authorization` block. A client reads its
-file (`--creds FILE`, `$DQOES_NATS_CREDS`) and connects with the user and
-password in its URL (`with_credentials`); logs show URLs with the password
-replaced by `***` (`redact`). Adding a node: `ensure(dir, nodes=[...])`
+Credentials: one nkey per identity, generated at first start into a
+directory (`<data dir>/auth/`, mode 0700, files 0600, never in the
+repository; a directory another user could change is refused, files are
+written without following links: shared/authfiles.py): `<identity>.creds` (JSON: identity, nkey (public), seed,
+inbox_prefix) for each, and `nats-server.conf`, the server's `authorization`
+block (public keys only). A process reads its file (`--creds FILE`,
+`$DQOES_NATS_CREDS`); URLs carry only the file's path (`with_credentials`,
+`?creds=PATH`), never the seed. Adding a node: `ensure(dir, nodes=[...])`
 writes the new identities and the new config (then reload the server);
-rotating: `rotate(dir)` (docs/security.md).
-
-Other subjects: a new subject's permissions are one line each in `_rules`
-(who publishes, who subscribes, who replies); tests/integration/test_auth.py
-checks each role against a real server.
+rotating: `ensure(dir, rotate=True)`.
 
 Pure apart from reading and writing files in the given directory: no NATS
-here (the bus is the only NATS client).
+here (the bus is the only NATS client). Standard library only, keys included
+(`shared/nkey.py`): `python3 -m shared.auth init` runs on a bare host.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit, urlunsplit
 
 from shared import authfiles, subjects
+from shared.nkey import NkeyError, new_user_seed
+from shared.nkey import public_key as _public_key
 
 CREDS_ENV = "DQOES_NATS_CREDS"
 """Environment variable naming a credentials file (the `--creds` flag's default)."""
 
 CONFIG_NAME = "nats-server.conf"
 NODES_NAME = "nodes.json"
-ROLES = ("admin", "manager", "client", "worker", "inference")
+ROLES = ("admin", "manager", "store", "client", "worker", "inference")
 """Roles; `worker` and `inference` identities are per node (`worker-<node>`)."""
 
 PER_NODE = ("worker", "inference")
+INBOX_ROOT = "_INBOX"
+"""Every inbox is under it; responders may publish there and nowhere else for replies."""
+CREDS_QUERY = "creds"
+"""The URL query parameter naming a credentials file (`nats://host:4222?creds=/path/client.creds`)."""
 
 
 class AuthError(ValueError):
     """A credentials file or directory that cannot be used; the text says which and why."""
 
 
+def public_key(seed: str) -> str:
+    """The public nkey (`U...`) of a user seed; AuthError if it is not one."""
+    try:
+        return _public_key(seed)
+    except NkeyError as e:
+        raise AuthError(str(e)) from None
+
+
 @dataclass(frozen=True, slots=True)
 class Credentials:
-    user: str
-    password: str
+    """One identity's key pair and inbox; `path`: the file it was read from (None if not from one)."""
+
+    identity: str
+    nkey: str
+    seed: str = field(repr=False)
+    inbox_prefix: str
+    path: Path | None = field(default=None, compare=False)
+
+    @classmethod
+    def generate(cls, identity: str) -> Credentials:
+        seed = new_user_seed()
+        return cls(identity, public_key(seed), seed, inbox_prefix(identity))
 
     def to_json(self) -> str:
-        return json.dumps({"user": self.user, "password": self.password}) + "\n"
+        return json.dumps({"identity": self.identity, "nkey": self.nkey, "seed": self.seed,
+                           "inbox_prefix": self.inbox_prefix}) + "\n"
+
+
+def inbox_prefix(identity: str) -> str:
+    """`_INBOX.<identity>`: where this identity's replies come, and only it may read."""
+    return f"{INBOX_ROOT}.{subjects.token(identity, 'identity')}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +109,6 @@ class Permissions:
 
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
-    allow_responses: bool = False
 
 
 @dataclass
@@ -93,7 +121,7 @@ class Identity:
 
 
 def identity_name(role: str, node: str | None = None) -> str:
-    """`admin`, `manager`, `client`, or `worker-<node>` / `inference-<node>`."""
+    """`admin`, `manager`, `store`, `client`, or `worker-<node>` / `inference-<node>`."""
     if role not in ROLES:
         raise AuthError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
     if role in PER_NODE:
@@ -128,36 +156,39 @@ def bucket_subjects(bucket: str) -> tuple[str, ...]:
     )
 
 
-INBOX = "_INBOX.>"
+REPLIES = f"{INBOX_ROOT}.>"
+"""What a responder may publish its replies on: inboxes, nothing else."""
 P = subjects.PREFIX
 
 
-def _rules(role: str, node: str | None, bucket: str) -> Permissions:
+def _rules(role: str, node: str | None, bucket: str, own_inbox: str) -> Permissions:
     """The permission table. Add a new subject here: who publishes, who subscribes."""
+    inbox = f"{own_inbox}.>"
     client_pub = (subjects.TARGETS, subjects.TARGETS_ALL, subjects.CLUSTER_QUERY, subjects.CLUSTER_CONTAINERS,
                   subjects.SUBMIT)
     client_sub = (subjects.CLUSTER_STATE, subjects.STATE_ALL, subjects.DECISIONS_ALL,
-                  subjects.LATENCY_ALL, subjects.TRAINING_ALL, subjects.PROGRESS_ALL, INBOX)
+                  subjects.LATENCY_ALL, subjects.TRAINING_ALL, subjects.PROGRESS_ALL, inbox)
     if role == "admin":
-        return Permissions(publish=(*client_pub, subjects.CONTROL_ALL), subscribe=(f"{P}.>", INBOX))
+        return Permissions(publish=(*client_pub, subjects.CONTROL_ALL), subscribe=(f"{P}.>", inbox))
     if role == "client":
         return Permissions(publish=client_pub, subscribe=client_sub)
     if role == "manager":
         return Permissions(
-            publish=(subjects.OBJECTIVES_ALL, subjects.CLUSTER_STATE, subjects.LAUNCH_ALL, *bucket_subjects(bucket)),
+            publish=(subjects.OBJECTIVES_ALL, subjects.CLUSTER_STATE, subjects.LAUNCH_ALL, REPLIES),
             subscribe=(subjects.STATE_ALL, subjects.TARGETS, subjects.TARGETS_ALL, subjects.CLUSTER_QUERY,
                        subjects.CLUSTER_CONTAINERS, subjects.CLUSTER_STATE, subjects.SUBMIT, subjects.TRAINING_ALL,
-                       INBOX),
-            allow_responses=True,
+                       inbox),
         )
+    if role == "store":
+        # The manager's second connection: the objectives bucket, and it answers nobody.
+        return Permissions(publish=bucket_subjects(bucket), subscribe=(inbox,))
     assert node is not None
     if role == "worker":
         return Permissions(
             publish=(subjects.decisions(node), subjects.state(node), subjects.latency_of_node(node),
-                     subjects.training(node), subjects.progress_of_node(node)),
+                     subjects.training(node), subjects.progress_of_node(node), REPLIES),
             subscribe=(subjects.latency_of_node(node), subjects.objectives(node), subjects.control(node),
-                       subjects.progress_of_node(node), subjects.launch(node), INBOX),
-            allow_responses=True,  # it acknowledges control requests (ControlReply)
+                       subjects.progress_of_node(node), subjects.launch(node), inbox),
         )
     if role == "inference":
         # The node's inference containers and training jobs: their own batches and epochs.
@@ -167,10 +198,12 @@ def _rules(role: str, node: str | None, bucket: str) -> Permissions:
 
 def identities(nodes: Iterable[str], bucket: str = subjects.KV_OBJECTIVES) -> list[Identity]:
     """Every identity of a deployment with these nodes, without credentials."""
-    out = [Identity(r, r, None, _rules(r, None, bucket)) for r in ("admin", "manager", "client")]
+    out = [Identity(r, r, None, _rules(r, None, bucket, inbox_prefix(r))) for r in ("admin", "manager", "store",
+                                                                                   "client")]
     for node in sorted(set(nodes)):
         for role in PER_NODE:
-            out.append(Identity(identity_name(role, node), role, node, _rules(role, node, bucket)))
+            name = identity_name(role, node)
+            out.append(Identity(name, role, node, _rules(role, node, bucket, inbox_prefix(name))))
     return out
 
 
@@ -187,18 +220,18 @@ def _list(items: Iterable[str]) -> str:
 
 
 def server_config(ids: Iterable[Identity]) -> str:
-    """The `authorization` block for nats-server (include it or pass it with -c)."""
-    lines = ["# Generated by DQoES (shared/auth.py): one user per identity. Do not commit.",
+    """The `authorization` block for nats-server (include it or pass it with -c): public keys only."""
+    lines = ["# Generated by DQoES (shared/auth.py): one nkey user per identity (public keys only).",
              "authorization {", "  users = ["]
     for i in ids:
         if i.credentials is None:
             raise AuthError(f"identity {i.name} has no credentials")
         p = i.permissions
         sub = f"{{allow: {_list(p.subscribe)}}}" if p.subscribe else f"{{deny: {_list(['>'])}}}"
-        resp = ", allow_responses: true" if p.allow_responses else ""
+        lines.append(f"    # {i.name}")
         lines.append(
-            f"    {{user: {_q(i.credentials.user)}, password: {_q(i.credentials.password)}, "
-            f"permissions: {{publish: {{allow: {_list(p.publish)}}}, subscribe: {sub}{resp}}}}}"
+            f"    {{nkey: {_q(i.credentials.nkey)}, "
+            f"permissions: {{publish: {{allow: {_list(p.publish)}}}, subscribe: {sub}}}}}"
         )
     lines += ["  ]", "}", ""]
     return "\n".join(lines)
@@ -215,7 +248,7 @@ def _write_private(path: Path, text: str) -> None:
 
 
 def load(path: str | os.PathLike[str]) -> Credentials:
-    """Read a credentials file (JSON with user and password); AuthError naming the file."""
+    """Read a credentials file (JSON: identity, nkey, seed, inbox_prefix); AuthError naming the file."""
     p = Path(path)
     try:
         obj = json.loads(p.read_text())
@@ -223,10 +256,19 @@ def load(path: str | os.PathLike[str]) -> Credentials:
         raise AuthError(f"credentials file {p}: {e.strerror or e}") from None
     except ValueError:
         raise AuthError(f"credentials file {p}: not JSON") from None
-    if not (isinstance(obj, dict) and isinstance(obj.get("user"), str) and isinstance(obj.get("password"), str)
-            and obj["user"] and obj["password"]):
-        raise AuthError(f"credentials file {p}: expected {{\"user\": ..., \"password\": ...}}")
-    return Credentials(obj["user"], obj["password"])
+    keys = ("identity", "nkey", "seed", "inbox_prefix")
+    if not (isinstance(obj, dict) and all(isinstance(obj.get(k), str) and obj[k] for k in keys)):
+        raise AuthError(f"credentials file {p}: expected JSON with {', '.join(keys)} "
+                        "(an older password file? run `dqoes auth rotate`)")
+    try:
+        derived = public_key(obj["seed"])
+    except AuthError as e:
+        raise AuthError(f"credentials file {p}: seed: {e}") from None
+    if derived != obj["nkey"]:
+        raise AuthError(f"credentials file {p}: the seed does not match the nkey")
+    if not obj["inbox_prefix"].startswith(INBOX_ROOT + "."):
+        raise AuthError(f"credentials file {p}: inbox_prefix must start with {INBOX_ROOT}.")
+    return Credentials(obj["identity"], obj["nkey"], obj["seed"], obj["inbox_prefix"], p.resolve())
 
 
 def creds_path(directory: str | os.PathLike[str], name: str) -> Path:
@@ -242,10 +284,10 @@ def ensure(directory: str | os.PathLike[str], nodes: Iterable[str] = (), *,
            extra: Iterable[Identity] = ()) -> Path:
     """Make sure `directory` holds credentials for every identity and the server config.
 
-    Existing credentials are kept (unless `rotate`); nodes named before are
-    kept too, so adding a node never removes another. `extra`: identities
-    beyond the roles (the test suite's all-subjects user); not remembered.
-    Returns the config path.
+    Existing credentials are kept (unless `rotate`, or they are not nkeys);
+    nodes named before are kept too, so adding a node never removes
+    another. `extra`: identities beyond the roles (the test suite's
+    all-subjects user); not remembered. Returns the config path.
     """
     try:  # refused when another user could control it (shared/authfiles.py)
         d = authfiles.secure_dir(directory)
@@ -262,10 +304,16 @@ def ensure(directory: str | os.PathLike[str], nodes: Iterable[str] = (), *,
     ids = identities(all_nodes, bucket) + list(extra)
     for i in ids:
         path = creds_path(d, i.name)
+        existing = None
         if path.exists() and not rotate:
-            i.credentials = load(path)
+            try:
+                existing = load(path)
+            except AuthError:
+                existing = None  # a password file of an older version: replaced by a key
+        if existing is not None and existing.identity == i.name:
+            i.credentials = existing
         else:
-            i.credentials = Credentials(i.name, secrets.token_urlsafe(24))
+            i.credentials = Credentials.generate(i.name)
             _write_private(path, i.credentials.to_json())
     _write_private(nodes_file, json.dumps(sorted(all_nodes)) + "\n")
     _write_private(config_path(d), server_config(ids))
@@ -283,14 +331,33 @@ def nodes_of(directory: str | os.PathLike[str]) -> list[str]:
 # --- URLs ---------------------------------------------------------------------------------
 
 
-def with_credentials(url: str, creds: Credentials | None) -> str:
-    """`url` with the user and password in it (how nats-py takes them); unchanged for None."""
+def with_credentials(url: str, creds: Credentials | str | os.PathLike[str] | None) -> str:
+    """`url` naming a credentials file (`?creds=PATH`; the bus reads it); unchanged for None.
+
+    The file's path travels, never the seed: such a URL may be logged or
+    passed to a child process."""
     if creds is None:
         return url
+    path = creds.path if isinstance(creds, Credentials) else Path(creds)
+    if path is None:
+        raise AuthError(f"credentials of {getattr(creds, 'identity', '?')} were not read from a file")
+    base, _ = split_url(url)
+    parts = urlsplit(base)
+    query = urlencode([(CREDS_QUERY, str(Path(path).resolve()))], quote_via=quote, safe="/")
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+
+
+def split_url(url: str) -> tuple[str, str | None]:
+    """(the URL as NATS takes it, the credentials file it names or None)."""
     parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    netloc = f"{quote(creds.user, safe='')}:{quote(creds.password, safe='')}@{host}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    params = parse_qsl(parts.query, keep_blank_values=True)
+    path = next((v for k, v in params if k == CREDS_QUERY), None)
+    rest = urlencode([(k, v) for k, v in params if k != CREDS_QUERY])
+    return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), path
+
+
+def creds_of(url: str) -> str | None:
+    return split_url(url)[1]
 
 
 def user_of(url: str) -> str | None:
@@ -299,22 +366,25 @@ def user_of(url: str) -> str | None:
 
 
 def redact(url: str) -> str:
-    """The URL as logs may show it: a password becomes ***."""
+    """The URL as logs and records show it: the server only (a password in it, never DQoES's own,
+    becomes ***; a credentials file it names is left out: a local path, of no use elsewhere)."""
     try:
-        parts = urlsplit(url)
+        server = split_url(url)[0]
+        parts = urlsplit(server)
     except ValueError:
         return "<unparseable URL>"
     if parts.password is None:
-        return url
+        return server
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit((parts.scheme, f"{parts.username}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
 def resolve(url: str, creds_file: str | os.PathLike[str] | None) -> str:
-    """The URL to connect with: its own user and password if it has them, else those of
-    `creds_file`, else of $DQOES_NATS_CREDS, else as given (anonymous)."""
+    """The URL to connect with: the credentials file it names, else `creds_file`, else
+    $DQOES_NATS_CREDS, else as given (anonymous). The file is read now, so a bad one is
+    an AuthError here rather than a refusal later."""
     path = creds_file or os.environ.get(CREDS_ENV) or None
-    if path is None or user_of(url) is not None:
+    if path is None or creds_of(url) is not None or user_of(url) is not None:
         return url
     return with_credentials(url, load(path))
 
@@ -323,7 +393,7 @@ def resolve(url: str, creds_file: str | os.PathLike[str] | None) -> str:
 
 
 def describe(directory: str | os.PathLike[str]) -> dict[str, object]:
-    """What a credentials directory holds: identities, their files and permissions (no passwords)."""
+    """What a credentials directory holds: identities, their files and permissions (no seeds)."""
     d = Path(directory)
     nodes = nodes_of(d)
     out = []
@@ -331,8 +401,8 @@ def describe(directory: str | os.PathLike[str]) -> dict[str, object]:
         p = i.permissions
         out.append({"identity": i.name, "role": i.role, "node": i.node,
                     "creds": str(creds_path(d, i.name)), "exists": creds_path(d, i.name).exists(),
-                    "publish": list(p.publish), "subscribe": list(p.subscribe),
-                    "allow_responses": p.allow_responses})
+                    "inbox_prefix": inbox_prefix(i.name),
+                    "publish": list(p.publish), "subscribe": list(p.subscribe)})
     return {"dir": str(d), "config": str(config_path(d)), "nodes": nodes, "identities": out}
 
 
@@ -355,8 +425,8 @@ def add_actions(p: object) -> None:
     for name, helptext in (
         ("init", "create what is missing: credentials for every role and node, the server config"),
         ("add-node", "add identities for NODE(s) (then reload the server: nats-server --signal reload)"),
-        ("rotate", "new passwords for every identity (then reload the server and restart every service)"),
-        ("show", "list identities, their credentials files and permissions (never passwords)"),
+        ("rotate", "new keys for every identity (then reload the server and restart every service)"),
+        ("show", "list identities, their credentials files and permissions (never seeds)"),
     ):
         q = a.add_parser(name, help=helptext, description=helptext)
         q.add_argument("--dir", required=True, help="the credentials directory (dqoes up: <data dir>/auth)")

@@ -7,6 +7,16 @@ way when things go wrong. Here, once:
 - connect with one clear error if the server cannot be reached in time, then
   reconnect forever with a short wait; a disconnect and a reconnect are one
   log line each;
+- authenticate with the identity's nkey (`shared.auth`: the server's nonce
+  signed with the seed; no secret crosses the wire) and use the identity's
+  own inbox prefix, so replies come where only it may read;
+- enforce TLS when the URL says `tls://`: nats-py upgrades only when the
+  server asks, so a server (or a squatter on its port) that offers no TLS
+  is refused before anything is sent (`TLSRequired`);
+- answer requests only on inboxes: a reply subject outside `_INBOX.` (a
+  requester aiming the answer at the objectives bucket, a JetStream API or
+  an internal subject) is not answered; counted (`refused_replies`) and
+  logged at most every 5 s;
 - publish schema messages (`shared.schema`, msgpack, sender = the bus's
   name), raw bytes, or JSON for the public subjects;
 - subscribe with a handler that receives the decoded message. A payload that
@@ -27,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Hashable
@@ -49,6 +60,9 @@ PENDING_MSGS_LIMIT = 2_000_000
 PENDING_BYTES_LIMIT = 512 * 1024 * 1024
 """Bytes a batch subscription may hold (a latency event is about 120 bytes)."""
 
+INBOX_PREFIX = auth.INBOX_ROOT + "."
+"""Replies go only to subjects under it (each identity reads only its own `_INBOX.<identity>.>`)."""
+
 LOG_EVERY_S = 5.0
 """At most one WARNING line per subscription and kind of trouble in this many seconds."""
 
@@ -63,6 +77,37 @@ class RequestTimeout(BusError, TimeoutError):
 
 class NoResponders(BusError):
     """A request went to a subject nobody serves."""
+
+
+class TLSRequired(BusError):
+    """The URL says tls:// and the server offers no TLS: nothing was sent to it."""
+
+
+class _TLSRequiredAgain(nats.errors.Error):
+    """The same, on a reconnect: nats-py logs it and tries again."""
+
+
+class _Client(_NatsClient):
+    """nats-py's client, refusing to send CONNECT in the clear to a `tls://` URL.
+
+    nats-py reads the server's INFO, upgrades to TLS only if INFO says
+    `tls_required`, then builds CONNECT (`_connect_command`, nats-py 2.x):
+    here, before any byte of it is written, the connection must be TLS.
+    """
+
+    def _connect_command(self) -> bytes:
+        server = self._current_server
+        if server is not None and server.uri.scheme == "tls" and not self._is_tls():
+            where = f"{server.uri.hostname}:{server.uri.port}"
+            text = f"the URL says tls:// but the server at {where} offers no TLS; nothing was sent to it"
+            if self.is_reconnecting:
+                raise _TLSRequiredAgain(text)
+            raise TLSRequired(text)
+        return super()._connect_command()
+
+    def _is_tls(self) -> bool:
+        writer = getattr(self._transport, "_io_writer", None)
+        return writer is not None and writer.get_extra_info("ssl_object") is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +218,8 @@ class Bus:
         """The server's refusal (authorization) if one came while connecting: the cause of what follows."""
         self.permission_violations: deque[str] = deque(maxlen=100)
         """The server's refusals of this identity's publishes and subscriptions (newest last)."""
+        self.refused_replies = 0
+        """Requests not answered because their reply subject was not an inbox."""
 
     # --- connection -------------------------------------------------------------------
 
@@ -182,6 +229,7 @@ class Bus:
         url: str,
         name: str,
         *,
+        creds: str | os.PathLike[str] | auth.Credentials | None = None,
         connect_timeout_s: float = 5.0,
         reconnect_wait_s: float = 0.5,
         drain_timeout_s: float = 5.0,
@@ -189,16 +237,30 @@ class Bus:
     ) -> Bus:
         """Connect to `url` as `name` (also the `sender` of every message published).
 
-        Raises BusError (one line) if no connection is made within
-        `connect_timeout_s`. Once connected, the bus reconnects forever,
-        every `reconnect_wait_s`.
+        Credentials: `creds` (a file or loaded `auth.Credentials`), else the
+        file the URL names (`?creds=PATH`, `auth.with_credentials`), else none
+        (anonymous). Raises BusError (one line) if no connection is made
+        within `connect_timeout_s`, TLSRequired at once for a `tls://` URL
+        whose server offers no TLS. Once connected, the bus reconnects
+        forever, every `reconnect_wait_s`.
         """
-        nc = _NatsClient()
-        bus = cls(nc, name, auth.redact(url), reconnect_wait_s)
+        server_url, named = auth.split_url(url)
+        source = creds or named
+        try:
+            identity = source if isinstance(source, auth.Credentials) else (
+                auth.load(source) if source else None)
+        except auth.AuthError as e:
+            raise BusError(f"cannot connect to NATS at {auth.redact(server_url)}: {e}") from None
+        key_options: dict[str, Any] = {}
+        if identity is not None:
+            key_options = {"nkeys_seed_str": identity.seed, "inbox_prefix": identity.inbox_prefix}
+        nc = _Client()
+        bus = cls(nc, name, auth.redact(server_url), reconnect_wait_s)
         try:
             await asyncio.wait_for(
                 nc.connect(
-                    servers=[url],
+                    servers=[server_url],
+                    **key_options,
                     name=name,
                     allow_reconnect=True,
                     max_reconnect_attempts=-1,
@@ -215,6 +277,10 @@ class Bus:
                 ),
                 connect_timeout_s,
             )
+        except TLSRequired as e:
+            bus._closing = True
+            await _close_quietly(nc)
+            raise TLSRequired(f"cannot connect to NATS at {bus.url}: {e}") from None
         except (TimeoutError, OSError, nats.errors.Error) as e:
             bus._closing = True
             await _close_quietly(nc)
@@ -224,7 +290,8 @@ class Bus:
                 f"cannot connect to NATS at {bus.url} within {connect_timeout_s:g} s "
                 f"(last error: {_one_line(last)})"
             ) from None
-        log.info("connected to NATS at %s as %s", bus.url, name)
+        log.info("connected to NATS at %s as %s%s", bus.url, name,
+                 f" (identity {identity.identity})" if identity is not None else "")
         return bus
 
     async def _on_error(self, e: Exception) -> None:
@@ -329,7 +396,7 @@ class Bus:
                 return
             sub.delivered += 1
             log.debug("received %s on %s from %s", env.type, m.subject, env.sender)
-            incoming = Incoming(m.subject, m.reply or "", m.data, env.sender, env.ts)
+            incoming = Incoming(m.subject, self._reply_subject(m), m.data, env.sender, env.ts)
             await self._call(sub, handler, env.msg, incoming)
 
         return await self._subscribe(sub, on_msg)
@@ -399,7 +466,7 @@ class Bus:
         async def on_msg(m: Any) -> None:
             sub.delivered += 1
             log.debug("received %d raw bytes on %s", len(m.data), m.subject)
-            await self._call(sub, handler, Incoming(m.subject, m.reply or "", m.data))
+            await self._call(sub, handler, Incoming(m.subject, self._reply_subject(m), m.data))
 
         return await self._subscribe(sub, on_msg)
 
@@ -420,6 +487,18 @@ class Bus:
                 log.debug("subscribe to %s not confirmed: %s", sub.subject, e)
         log.debug("subscribed to %s", sub.subject)
         return sub
+
+    def _reply_subject(self, m: Any) -> str:
+        """Where a request may be answered: its reply subject if an inbox, else nowhere."""
+        reply: str = m.reply or ""
+        if not reply or reply.startswith(INBOX_PREFIX):
+            return reply
+        self.refused_replies += 1
+        count = self._limiter.hit(("reply", m.subject))
+        if count is not None:
+            log.warning("refused to answer %d request(s) on %s whose reply subject is not an inbox; "
+                        "latest wanted %.120s", count, m.subject, reply)
+        return ""
 
     def _drop(self, sub: Subscription, subject: str, error: SchemaError) -> None:
         sub.dropped += 1
@@ -476,7 +555,7 @@ class Bus:
 
     async def reply(self, incoming: Incoming, payload: bytes | Message) -> bool:
         """Answer a request; False (nothing sent) if the message asked for no reply."""
-        if not incoming.reply:
+        if not incoming.reply.startswith(INBOX_PREFIX):
             return False
         if isinstance(payload, bytes | bytearray | memoryview):
             await self.publish_raw(incoming.reply, bytes(payload))
@@ -545,6 +624,8 @@ class Bus:
                 log.warning("dropped %d more undecodable message(s) on %s", count, key[1])
             elif isinstance(key, tuple) and key[0] == "handler":
                 log.error("handler for %s failed %d more time(s)", key[1], count)
+            elif isinstance(key, tuple) and key[0] == "reply":
+                log.warning("refused to answer %d more request(s) on %s (reply subject not an inbox)", count, key[1])
 
     async def __aenter__(self) -> Bus:
         return self
@@ -710,4 +791,5 @@ __all__ = [
     "NoResponders",
     "RequestTimeout",
     "Subscription",
+    "TLSRequired",
 ]

@@ -43,6 +43,7 @@ class WorkerCounters:
     latencies: int
     ignored_latencies: int
     bus_dropped: int
+    bus_refused_replies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +53,7 @@ class ManagerCounters:
     cleared: int
     objectives_stored: int
     bus_dropped: int
+    bus_refused_replies: int = 0
 
 
 def _bool(x: bool | None) -> float | None:
@@ -77,6 +79,8 @@ class WorkerCollector(Collector):
             ("dqoes_latency_events_ignored", "Latency events for unknown containers or another node.",
              c.ignored_latencies),
             ("dqoes_bus_dropped_messages", "Bus messages dropped because they did not decode.", c.bus_dropped),
+            ("dqoes_bus_refused_replies", "Requests not answered: their reply subject was not an inbox.",
+             c.bus_refused_replies),
         ):
             m = CounterMetricFamily(name, doc, labels=["node"])
             m.add_metric([node], value)
@@ -166,6 +170,10 @@ class ManagerCollector(Collector):
                                       "not decode.", labels=["node"])
         dropped.add_metric(["manager"], c.bus_dropped)
         yield dropped
+        refused = CounterMetricFamily("dqoes_bus_refused_replies", "Requests not answered: their reply subject "
+                                      "was not an inbox.", labels=["node"])
+        refused.add_metric(["manager"], c.bus_refused_replies)
+        yield refused
         stored = GaugeMetricFamily("dqoes_objectives_stored", "Objectives in the key-value store.")
         stored.add_metric([], c.objectives_stored)
         yield stored

@@ -131,7 +131,7 @@ class Stack:
         return auth.creds_path(self.auth_dir, identity) if self.auth_dir is not None else None
 
     def url_for(self, identity: str) -> str:
-        """The NATS URL with that identity's user and password in it."""
+        """The NATS URL naming that identity's credentials file (the bus reads the key from it)."""
         f = self.creds_file(identity)
         return auth.with_credentials(self.plain_url, auth.load(f) if f is not None else None)
 
@@ -281,7 +281,10 @@ class Stack:
         return ["--metrics-port", str(port), "--metrics-addr", "127.0.0.1"]
 
     def start_manager(self) -> None:
+        # The objectives bucket on a connection of its own, the store identity's (shared/auth.py).
+        store = self.creds_file("store")
         self._spawn("manager", ["-m", "services.manager", "--nats", self.plain_url, "--cluster-interval", "0.5",
+                                *(["--store-creds", str(store)] if store is not None else []),
                                 *self._metrics_args("manager")], "manager")
 
     def start_worker(self, node: str, scenario_file: Path | None = None) -> None:

@@ -7,7 +7,7 @@ import asyncio
 import sys
 
 from services.manager.app import ManagerConfig, run
-from shared import subjects
+from shared import auth, subjects
 from shared.core import registry
 from shared.settings import DEFAULT_METRICS_ADDR, add_common, flag, nats_url, setup_logging
 
@@ -19,6 +19,9 @@ def parse(argv: list[str] | None = None) -> ManagerConfig:
         "JetStream, hands them to workers and publishes the cluster summary on dqoes.cluster.state.",
     )
     add_common(ap)
+    flag(ap, "--store-creds", "DQOES_STORE_CREDS", None,
+         help="credentials file of the connection that writes the objectives bucket (the store identity; "
+         "default: --creds's, on a second connection)")
     flag(ap, "--bucket", "DQOES_BUCKET", subjects.KV_OBJECTIVES, help="JetStream key-value bucket for objectives")
     flag(ap, "--cluster-interval", "DQOES_CLUSTER_INTERVAL_S", 1.0, type=float, help="publish the cluster summary every N s")
     flag(ap, "--stale-after", "DQOES_STALE_AFTER_S", 15.0, type=float, help="forget a node silent for N s")
@@ -29,7 +32,13 @@ def parse(argv: list[str] | None = None) -> ManagerConfig:
     flag(ap, "--placement", "DQOES_PLACEMENT", "flowcon", choices=registry.names("training"),
          help="where dqoes.submit puts a training job: flowcon (Algorithm 4) or default (spread)")
     a = ap.parse_args(argv)
-    return ManagerConfig(nats_url=nats_url(ap, a), bucket=a.bucket, cluster_interval_s=a.cluster_interval,
+    store_url = None
+    if a.store_creds:
+        try:
+            store_url = auth.with_credentials(auth.split_url(a.nats)[0], auth.load(a.store_creds))
+        except auth.AuthError as e:
+            ap.error(str(e))
+    return ManagerConfig(nats_url=nats_url(ap, a), store_url=store_url, bucket=a.bucket, cluster_interval_s=a.cluster_interval,
                          stale_after_s=a.stale_after, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
                          placement=a.placement, log_level=a.log_level, log_format=a.log_format)
 

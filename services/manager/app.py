@@ -1,4 +1,10 @@
-"""Wiring for the manager: bus, key-value store, subscriptions and the publishing loop."""
+"""Wiring for the manager: bus, key-value store, subscriptions and the publishing loop.
+
+Two connections: the one that serves requests (targets, queries, submits)
+and a second, `store`, that alone reads and writes the objectives bucket and
+serves nothing, so no request can make a reply land in the bucket whatever
+reply subject it names (docs/guide/security.md).
+"""
 
 from __future__ import annotations
 
@@ -21,6 +27,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class ManagerConfig:
     nats_url: str = "nats://127.0.0.1:4222"
+    store_url: str | None = None
+    """The objectives bucket's connection (the `store` identity's credentials); None: `nats_url`'s."""
     bucket: str = subjects.KV_OBJECTIVES
     cluster_interval_s: float = 1.0
     stale_after_s: float = 15.0
@@ -62,9 +70,17 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
         log.error("%s", e)
         return 1
     try:
-        kv = await bus.kv(cfg.bucket)
+        store_bus = await Bus.connect(cfg.store_url or cfg.nats_url, "manager-store")
     except BusError as e:
-        log.error("objectives cannot be stored (is JetStream enabled on the NATS server?): %s", e)
+        log.error("objectives store: %s", e)
+        await bus.close()
+        return 1
+    try:
+        kv = await store_bus.kv(cfg.bucket)
+    except BusError as e:
+        log.error("objectives cannot be stored (is JetStream enabled on the NATS server? with the default "
+                  "permissions only the store identity may use the bucket: --store-creds): %s", e)
+        await store_bus.close()
         await bus.close()
         return 1
     mgr = Manager(KVStore(kv), bus.publish, stale_after_s=cfg.stale_after_s)
@@ -75,11 +91,13 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
         latest = [mgr.cluster_state()]
         metrics.register(ManagerCollector(lambda: latest[0], lambda: ManagerCounters(
             accepted=mgr.accepted, rejected=mgr.rejected, cleared=mgr.cleared,
-            objectives_stored=len(mgr.objectives), bus_dropped=bus.dropped)))
+            objectives_stored=len(mgr.objectives), bus_dropped=bus.dropped,
+            bus_refused_replies=bus.refused_replies)))
         try:
             log.info("metrics on %s", metrics.start(cfg.metrics_port, cfg.metrics_addr))
         except OSError as e:
             log.error("metrics: cannot listen on %s:%s: %s", cfg.metrics_addr, cfg.metrics_port, e)
+            await store_bus.close()
             await bus.close()
             return 2
     changed = asyncio.Event()
@@ -171,6 +189,7 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
                 w.cancel()
     finally:
         await bus.drain()
+        await store_bus.drain()
         if metrics is not None:
             metrics.stop()
         log.info("manager stopped (%d accepted, %d rejected targets)", mgr.accepted, mgr.rejected)

@@ -51,7 +51,7 @@ class WorkerConfig:
     state_dir: str | None = None
     """Where the containers' original limits and what `dqoes control` set are kept across restarts
     (None: in memory only)."""
-    """The credentials file `nats_url`'s user and password came from (handed to inference processes)."""
+    """The credentials file the worker connects with (its path is handed to inference processes)."""
     policy: str = "dqoes"
     runtime: str = "sim"
     scenario: str | None = None
@@ -206,7 +206,8 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         metrics = MetricsServer()
         metrics.register(WorkerCollector(cfg.node, lambda: worker.last_state, lambda: WorkerCounters(
             rounds=worker.rounds, limit_changes=worker.limit_changes, latencies=worker.latencies,
-            ignored_latencies=worker.ignored_latencies, bus_dropped=bus.dropped)))
+            ignored_latencies=worker.ignored_latencies, bus_dropped=bus.dropped,
+            bus_refused_replies=bus.refused_replies + control_bus.refused_replies)))
         node_rounds = metrics.round_seconds.labels(cfg.node)
         worker.round_observers.append(node_rounds.observe)
         try:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+from shared import auth
 from shared.core.profiles import ModelProfile
 from shared.runtime.cgroupfs import Throttling
 
@@ -99,20 +100,24 @@ class LaunchSpec:
     """Docker: the image (None: the runtime's default); the cgroup runtime runs no images."""
     nats_creds: str | None = None
     """A credentials file on this machine (the worker's): processes get the file's path on their
-    command line instead of a URL with the password in it (ps shows command lines)."""
+    command line, never the key (ps shows command lines)."""
 
-    def argv(self, node: str, python: str = "python", *, local: bool = True) -> list[str]:
+    @property
+    def creds_file(self) -> str | None:
+        """The credentials file on this machine: `nats_creds`, else the one the URL names."""
+        return self.nats_creds or auth.creds_of(self.nats_url)
+
+    def argv(self, node: str, python: str = "python", *, creds_at: str | None = None) -> list[str]:
         """The training process's command line (`python -m services.training ...`).
 
-        `local` False (a container): the credentials file is not there, so the URL keeps them."""
+        `creds_at`: where the process finds the credentials file when that is not
+        `creds_file` (a container: where the file is mounted)."""
         out = [python, "-m", "services.training", "--name", self.job, "--node", node, "--model", self.model,
                "--seed", str(self.seed)]
-        if local and self.nats_creds:
-            parts = urlsplit(self.nats_url)
-            plain = urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, ""))
-            out += ["--nats", plain, "--creds", self.nats_creds]
-        else:
-            out += ["--nats", self.nats_url]
+        parts = urlsplit(auth.split_url(self.nats_url)[0])
+        plain = urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, ""))
+        creds = creds_at or self.creds_file
+        out += ["--nats", plain] + (["--creds", creds] if creds else [])
         if self.epochs is not None:
             out += ["--epochs", str(self.epochs)]
         if self.threads is not None:

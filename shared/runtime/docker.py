@@ -59,6 +59,8 @@ from shared.runtime.base import (
 
 TRAINING_IMAGE = "dqoes-workload"
 """The image a training job runs when the request names none (`make images` builds it)."""
+JOB_CREDS = "/run/dqoes/nats.creds"
+"""Where a training container finds its credentials file (mounted read-only from the worker's)."""
 
 log = logging.getLogger(__name__)
 
@@ -206,11 +208,15 @@ class DockerRuntime(RealClock):
             raise RuntimeFailure(f"unknown image {image!r} on node {self.node}") from None
         except (docker.errors.APIError, requests.exceptions.RequestException) as e:
             raise RuntimeFailure(f"docker engine unreachable: {_one_line(e)}") from e
+        # The job's credentials file, mounted read-only: the key itself never goes on a command line.
+        creds = spec.creds_file
+        binds = {str(Path(creds).resolve()): {"bind": JOB_CREDS, "mode": "ro"}} if creds else None
         try:
             created = api.create_container(
-                image, command=spec.argv(self.node, local=False), name=spec.job, labels=labels, detach=True,
+                image, command=spec.argv(self.node, creds_at=JOB_CREDS if creds else None), name=spec.job,
+                labels=labels, detach=True,
                 environment={"DQOES_NODE": self.node, "DQOES_JOB_NAME": spec.job},
-                host_config=api.create_host_config(network_mode="host", init=True, auto_remove=True),
+                host_config=api.create_host_config(network_mode="host", init=True, auto_remove=True, binds=binds),
             )
             api.start(created["Id"])
         except (docker.errors.APIError, requests.exceptions.RequestException) as e:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit, urlunsplit
 
+from shared import auth
 from shared.runtime.base import Runtime, RuntimeFailure
 from shared.scenarios.placement import place
 from shared.scenarios.spec import ContainerSpec, Scenario
@@ -127,7 +128,8 @@ def node_containers(scenario: Scenario, node: str) -> list[ContainerSpec]:
 
 
 def strip_credentials(url: str) -> str:
-    parts = urlsplit(url)
+    """The URL without a user, password or credentials file in it."""
+    parts = urlsplit(auth.split_url(url)[0])
     return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, parts.fragment))
 
 

@@ -156,6 +156,8 @@ def test_the_compose_file_is_valid(version):
     # Authentication on: the server reads the generated users; each service mounts its own file.
     assert "/etc/nats/nats-server.conf" in cfg and cfg.count("/run/dqoes/nats.creds") >= 9
     assert "inference-node-a.creds" in cfg and "worker-node-b.creds" in cfg and "admin.creds" not in cfg
+    # The manager's objectives-bucket connection has an identity of its own: its variable and its file.
+    assert cfg.count("/run/dqoes/store.creds") >= 2
 
 
 def test_the_stack_file_is_valid_and_needs_the_node_name():

@@ -175,6 +175,8 @@ SUBSCRIBE = {
     "manager": {subjects.STATE_ALL: True, subjects.TARGETS: True, subjects.TARGETS_ALL: True,
                 subjects.SUBMIT: True, subjects.TRAINING_ALL: True,
                 subjects.CLUSTER_CONTAINERS: True, subjects.CONTROL_ALL: False},
+    "store": {subjects.TARGETS: False, subjects.TARGETS_ALL: False, subjects.CLUSTER_QUERY: False,
+              subjects.STATE_ALL: False, "_INBOX.store.x": True},
 }
 
 
@@ -193,21 +195,55 @@ async def test_what_each_role_may_subscribe_to(default_server, identity):
         await bus.close()
 
 
-async def test_anonymous_and_wrong_passwords_are_refused(default_server):
-    srv, _ = default_server
+async def test_anonymous_password_and_unknown_key_connections_are_refused(default_server, tmp_path):
+    srv, auth_dir = default_server
     with pytest.raises(BusError, match="[Aa]uthorization"):
         await Bus.connect(srv.url, "anonymous", connect_timeout_s=2.0)
-    wrong = auth.with_credentials(srv.url, auth.Credentials("admin", "not-the-password"))
+    with pytest.raises(BusError, match="[Aa]uthorization"):  # passwords are gone altogether
+        await Bus.connect(srv.url.replace("nats://", "nats://admin:guess@"), "guess", connect_timeout_s=2.0)
+    stranger = tmp_path / "admin.creds"  # a well-formed key the server does not know, named admin
+    stranger.write_text(auth.Credentials.generate("admin").to_json())
     with pytest.raises(BusError, match="[Aa]uthorization"):
-        await Bus.connect(wrong, "guess", connect_timeout_s=2.0)
+        await Bus.connect(auth.with_credentials(srv.url, stranger), "stranger", connect_timeout_s=2.0)
 
 
-async def test_only_the_manager_writes_the_bucket_and_nobody_deletes_it(default_server):
-    manager = await Bus.connect(url_as(default_server, "manager"), "manager")
+async def test_a_known_public_key_without_its_seed_is_refused(default_server):
+    """The public nkeys are in the server config; knowing one is not enough: the nonce must be signed."""
+    srv, auth_dir = default_server
+    admin = auth.load(auth.creds_path(auth_dir, "admin"))
+    other = auth.Credentials.generate("other")
+
+    async def connect_raw(sig: str) -> bytes:
+        reader, writer = await asyncio.open_connection(srv.host, srv.port)
+        try:
+            info = json.loads((await reader.readline()).split(b" ", 1)[1])
+            assert info.get("nonce") and info.get("auth_required")
+            writer.write(b"CONNECT " + json.dumps({"verbose": False, "pedantic": False, "nkey": admin.nkey,
+                                                   "sig": sig, "protocol": 1}).encode() + b"\r\nPING\r\n")
+            await writer.drain()
+            return await asyncio.wait_for(reader.readline(), 5)
+        finally:
+            writer.close()
+
+    for sig in ("", "AAAA", _sign(other.seed, "not-the-nonce")):
+        answer = await connect_raw(sig)
+        assert answer.startswith(b"-ERR") and b"Authorization" in answer, (sig, answer)
+
+
+def _sign(seed: str, nonce: str) -> str:
+    import base64
+
+    import nkeys
+    return base64.urlsafe_b64encode(nkeys.from_seed(bytearray(seed.encode())).sign(nonce.encode())).decode()
+
+
+async def test_only_the_store_writes_the_bucket_and_nobody_deletes_it(default_server):
+    manager = await Bus.connect(url_as(default_server, "store"), "store")
     kv = await manager.kv(subjects.KV_OBJECTIVES)
     rev = await kv.put("c1", b'{"container":"c1","objective_s":5.0}')
     try:
-        for identity in ("admin", "client", "worker-n1", "inference-n1"):
+        # The manager's request-serving identity has no bucket rights either: only `store` has.
+        for identity in ("admin", "client", "manager", "worker-n1", "inference-n1"):
             bus = await Bus.connect(url_as(default_server, identity), identity)
             try:
                 await bus.publish_raw(f"$KV.{subjects.KV_OBJECTIVES}.c1", b'{"container":"c1","objective_s":1e-300}')
@@ -220,7 +256,7 @@ async def test_only_the_manager_writes_the_bucket_and_nobody_deletes_it(default_
                         await asyncio.wait_for(bus.kv("other"), 2)
             finally:
                 await bus.close()
-        # The manager itself may write its bucket but neither delete nor purge it.
+        # The store itself may write its bucket but neither delete nor purge it.
         await manager.publish_raw(f"$JS.API.STREAM.DELETE.KV_{subjects.KV_OBJECTIVES}", b"")
         await manager.publish_raw(f"$JS.API.STREAM.PURGE.KV_{subjects.KV_OBJECTIVES}", b"")
         await settle(manager)
@@ -237,14 +273,45 @@ def test_credentials_are_private_kept_and_rotated(tmp_path):
     first = auth.load(auth.creds_path(d, "worker-n1"))
     assert (d.stat().st_mode & 0o777) == 0o700
     assert all((f.stat().st_mode & 0o777) == 0o600 for f in d.iterdir())
-    auth.ensure(d, ["n2"])  # adding a node keeps the others and their passwords
+    assert json.loads(auth.creds_path(d, "worker-n1").read_text()) == {
+        "identity": "worker-n1", "nkey": first.nkey, "seed": first.seed, "inbox_prefix": "_INBOX.worker-n1"}
+    assert first.nkey.startswith("U") and first.seed.startswith("SU")
+    auth.ensure(d, ["n2"])  # adding a node keeps the others and their keys
     assert auth.load(auth.creds_path(d, "worker-n1")) == first
     assert auth.creds_path(d, "worker-n2").exists() and auth.nodes_of(d) == ["n1", "n2"]
     auth.ensure(d, rotate=True)
-    assert auth.load(auth.creds_path(d, "worker-n1")).password != first.password
+    rotated = auth.load(auth.creds_path(d, "worker-n1"))
+    assert rotated.seed != first.seed
     conf = auth.config_path(d).read_text()
-    assert first.password not in conf and auth.load(auth.creds_path(d, "worker-n1")).password in conf
-    assert auth.redact("nats://u:secret@h:1") == "nats://u:***@h:1"
+    # The server knows public keys only; no seed is ever in its config.
+    assert first.nkey not in conf and rotated.nkey in conf and "password" not in conf
+    assert not [f for f in d.glob("*.creds") if auth.load(f).seed in conf]
+    assert "allow_responses" not in conf
+    # A URL names the file, never the key: safe to log or pass to a child process.
+    url = auth.with_credentials("nats://h:1", rotated)
+    assert rotated.seed not in url and auth.creds_of(url) == str(auth.creds_path(d, "worker-n1").resolve())
+    assert auth.redact("nats://u:secret@h:1") == "nats://u:***@h:1" and auth.redact(url) == "nats://h:1"
+
+
+def test_public_keys_are_derived_the_same_with_and_without_pynacl(monkeypatch):
+    """`python3 -m shared.auth init` runs on a bare host: the standard-library path must agree with NaCl."""
+    import builtins
+
+    import nkeys
+    seeds = [auth.new_user_seed() for _ in range(5)]
+    with_nacl = [auth.public_key(s) for s in seeds]
+    assert with_nacl == [nkeys.from_seed(bytearray(s.encode())).public_key.decode() for s in seeds]
+    real_import = builtins.__import__
+
+    def no_nacl(name, *a, **k):
+        if name.startswith("nacl"):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_nacl)
+    assert [auth.public_key(s) for s in seeds] == with_nacl
+    with pytest.raises(auth.AuthError):
+        auth.public_key(with_nacl[0])  # a public key is not a seed
 
 
 # --- the forgeries of issue 11, against a running manager and worker ------------------------
@@ -336,7 +403,7 @@ async def test_forgeries_are_refused_and_change_nothing(stack):
         assert c1.objective_s == 40 and latest["n1"].params == params_before
         ghost = parse_target_reply(await client.request(subjects.TARGETS, b'{"container":"c9","objective":4}'))
         assert not ghost["ok"] and "unknown container" in ghost["error"]
-        manager_view = await Bus.connect(stack.url_for("manager"), "reader")
+        manager_view = await Bus.connect(stack.url_for("store"), "reader")
         try:
             kv = await manager_view.kv(subjects.KV_OBJECTIVES)
             assert {k: orjson.loads(v)["objective_s"] for k, v in (await kv.items()).items()} == {"c1": 40}
@@ -361,7 +428,7 @@ async def test_the_admin_may_change_parameters_and_the_client_may_use_every_publ
     await admin.subscribe(subjects.STATE_ALL, lambda m, _: latest.__setitem__(m.node, m), expect=NodeState)
     try:
         await wait_for(lambda: "n1" in latest)
-        # Control is a request the worker answers (allow_responses on its identity).
+        # Control is a request the worker answers (on the admin's own inbox).
         reply = decode_as(await admin.request(subjects.control("n1"), ControlMsg(alpha=0.25)), ControlReply)
         assert reply.ok and reply.params["alpha"] == 0.25
         await wait_for(lambda: latest["n1"].params.get("alpha") == 0.25)
@@ -383,7 +450,7 @@ def test_dqoes_up_writes_credentials_outside_the_repository(tmp_path):
     s = Stack(StackSpec(parse_scenario(ONE)), run_dir=tmp_path / "run")
     assert s.auth_dir == tmp_path / "run" / "auth"
     assert {p.name for p in s.auth_dir.iterdir()} >= {
-        "admin.creds", "manager.creds", "client.creds", "worker-n1.creds", "inference-n1.creds",
+        "admin.creds", "manager.creds", "store.creds", "client.creds", "worker-n1.creds", "inference-n1.creds",
         auth.CONFIG_NAME}
     assert Path(auth.__file__).resolve().parents[1] not in s.auth_dir.resolve().parents
 
@@ -432,3 +499,22 @@ def test_an_experiments_private_bus_in_a_with_block_is_removed_after_it_and_afte
         with failed:
             pytest.fail("the block must not run when the server did not start")
     assert not failed.dir.exists()
+
+
+def test_dqoes_auth_init_writes_a_key_file_per_identity_and_prints_no_seed(tmp_path):
+    import subprocess
+    import sys
+
+    d = tmp_path / "auth"
+    r = subprocess.run([sys.executable, "-m", "services.cli", "auth", "init", "--dir", str(d), "--node", "n1",
+                        "--json"], capture_output=True, text=True, check=True)
+    info = json.loads(r.stdout)
+    names = {i["identity"] for i in info["identities"]}
+    assert names == {"admin", "manager", "store", "client", "worker-n1", "inference-n1"}
+    for i in info["identities"]:
+        creds = auth.load(i["creds"])
+        assert creds.identity == i["identity"] and creds.inbox_prefix == i["inbox_prefix"] == f"_INBOX.{creds.identity}"
+        assert creds.seed not in r.stdout + r.stderr
+        assert (Path(i["creds"]).stat().st_mode & 0o777) == 0o600
+    conf = auth.config_path(d).read_text()
+    assert conf.count("nkey:") == len(names) and "password" not in conf

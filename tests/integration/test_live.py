@@ -160,7 +160,7 @@ async def test_objectives_survive_manager_worker_and_nats_restarts(tmp_path):
 
         # The NATS server itself restarts on the same store: the bucket is on disk.
         stack.nats.restart()
-        stored = await wait_for_async(lambda: kv_objectives(stack.url_for("manager")))
+        stored = await wait_for_async(lambda: kv_objectives(stack.url_for("store")))
         assert {k: v["objective_s"] for k, v in stored.items()} == wanted
         no_tracebacks(stack)
 

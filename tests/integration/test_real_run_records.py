@@ -49,8 +49,8 @@ def test_a_short_real_run_records_decisions_and_batches(tmp_path):
     kept = [p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")]
     assert not [p for p in kept if p.endswith(".creds") or "/auth" in p or "jetstream" in p], kept
     assert not list(Path(tempfile.gettempdir()).glob(f"dqoes-run-{os.getpid()}-*"))  # named after its PID
-    # The bus asked for credentials: the worker connected as its own role.
-    assert "connected to NATS at nats://worker-" in (tmp_path / "learned+half_life_s=0" / "worker.log").read_text()
+    # The bus asked for credentials: the worker connected as its own identity (its nkey).
+    assert "(identity worker-" in (tmp_path / "learned+half_life_s=0" / "worker.log").read_text()
 
 
 def test_a_calibrating_run_works_its_objectives_out_from_what_it_measured_here(tmp_path):

@@ -87,7 +87,7 @@ class Client:
     def __init__(self, url: str, reader_url: str) -> None:
         self.loop = asyncio.new_event_loop()
         self.bus = self.loop.run_until_complete(Bus.connect(url, "bad-input"))
-        # Only the manager's identity may read the bucket's API (shared/auth.py).
+        # Only the store identity (the manager's bucket connection) may read the bucket (shared/auth.py).
         self.reader = self.loop.run_until_complete(Bus.connect(reader_url, "bad-input-reader"))
 
     def request(self, payload: bytes) -> dict:
@@ -110,7 +110,7 @@ class Client:
 
 @pytest.fixture(scope="module")
 def client(stack):
-    c = Client(stack.url, stack.url_for("manager"))
+    c = Client(stack.url, stack.url_for("store"))
     try:
         deadline = time.monotonic() + 30
         while True:  # until the manager answers and the worker has reported its containers

@@ -1,8 +1,9 @@
 // A client of DQoES written against docs/api.md only: nats.js, JSON, the public subjects.
 // It lists the containers, picks one that is running, sets an objective for it, reads it
 // back, clears it and checks it is gone. Prints one JSON line of what it saw; exits 1 on
-// any surprise. Usage: node public_client.mjs nats://127.0.0.1:4222 [objective_s]
-import { connect, JSONCodec } from "nats";
+// any surprise. Usage: node public_client.mjs 'nats://127.0.0.1:4222?creds=client.creds' [objective_s]
+import { readFileSync } from "node:fs";
+import { connect, JSONCodec, nkeyAuthenticator } from "nats";
 
 const url = process.argv[2];
 const objective = Number(process.argv[3] ?? "30");
@@ -20,12 +21,16 @@ async function ask(nc, subject, body) {
   return reply;
 }
 
-// The deployment's client credentials come in the URL (nats://user:password@host:port).
+// The deployment's client credentials: the URL names the file (nats://host:port?creds=PATH),
+// JSON with the identity's nkey seed and its own inbox prefix (docs/guide/security.md). The
+// server's nonce is signed with the seed; replies come to the identity's inbox, the only one it may read.
 const parsed = new URL(url.replace(/^nats:/, "http:"));
 const opts = { servers: `${parsed.hostname}:${parsed.port}`, name: "nats.js public client" };
-if (parsed.username) {
-  opts.user = decodeURIComponent(parsed.username);
-  opts.pass = decodeURIComponent(parsed.password);
+const credsFile = parsed.searchParams.get("creds");
+if (credsFile) {
+  const creds = JSON.parse(readFileSync(credsFile, "utf8"));
+  opts.authenticator = nkeyAuthenticator(new TextEncoder().encode(creds.seed));
+  opts.inboxPrefix = creds.inbox_prefix;
 }
 const nc = await connect(opts);
 try {
