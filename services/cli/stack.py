@@ -38,7 +38,7 @@ from shared.scenarios.spec import Scenario, scenario_to_dict
 @dataclass
 class StackSpec:
     scenario: Scenario
-    policy: str = "dqoes"
+    policy: str = "learned"
     seed: int = 1
     time_scale: float = 10.0
     start_delay_s: float = 3.0

@@ -31,7 +31,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     )
     add_common(ap)
     flag(ap, "--node", "DQOES_NODE", socket.gethostname(), help="this node's name")
-    flag(ap, "--policy", "DQOES_POLICY", "dqoes", help="allocation policy (below)", choices=registry.names())
+    flag(ap, "--policy", "DQOES_POLICY", "learned", help="allocation policy (below; default learned, the recommended one; dqoes: the paper's)", choices=registry.names())
     flag(ap, "--runtime", "DQOES_RUNTIME", "sim", help="where containers run", choices=KINDS)
     flag(ap, "--scenario", "DQOES_SCENARIO", None, help="sim runtime: built-in scenario or file")
     flag(ap, "--seed", "DQOES_SEED", 1, type=int, help="sim runtime: random seed")

@@ -50,7 +50,7 @@ def scenario():
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(StackSpec(scenario(), time_scale=10.0, start_delay_s=0.5, state_interval_s=0.3),
+    s = Stack(StackSpec(scenario(), policy="dqoes", time_scale=10.0, start_delay_s=0.5, state_interval_s=0.3),
               run_dir=tmp_path_factory.mktemp("operate"))
     with s:
         wait_for(s, lambda st: len(st["containers"]) == 10 and all(
