@@ -330,9 +330,20 @@ def check_against_registry(policy: str, asked: dict[str, float]) -> None:
         raise CliError(f"policy {policy}: {e}") from None
 
 
-async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float]) -> list[ControlReply]:
+def split_policy(items: list[str]) -> tuple[str | None, list[str]]:
+    """`policy=NAME` out of the NAME=VALUE list: the registered policy asked for (None: none), the rest."""
+    asked = [x.split("=", 1)[1].strip() for x in items if x.split("=", 1)[0].strip() == "policy" and "=" in x]
+    if len(asked) > 1:
+        raise CliError("policy=NAME given more than once")
+    if asked and asked[0] not in registry.names():
+        raise CliError(f"unknown policy {asked[0]!r} (choose from {', '.join(registry.names())}); nothing changed")
+    return (asked[0] if asked else None), [x for x in items if x.split("=", 1)[0].strip() != "policy"]
+
+
+async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float],
+                        policy: str | None = None) -> list[ControlReply]:
     try:
-        msg = ControlMsg(params=asked)
+        msg = ControlMsg(params=asked, policy=policy)
     except SchemaError as e:  # a name no policy can have (the registry's check passes unknown policies)
         raise CliError(str(e)) from None
     replies = []
@@ -346,7 +357,8 @@ async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float]) -> 
 
 
 def cmd_control(args: argparse.Namespace) -> int:
-    asked = parse_assignments(args.set)
+    policy, rest = split_policy(args.set)
+    asked = parse_assignments(rest)
 
     async def go() -> list[ControlReply]:
         bus = await connect(resolve_url(args.nats, args.creds, identity="admin"), "dqoes-control")
@@ -358,8 +370,8 @@ def cmd_control(args: argparse.Namespace) -> int:
             if not nodes:
                 raise CliError("no node reports to the manager yet")
             for n in nodes:  # all checked before any is changed
-                check_against_registry(cs.nodes[n].policy, asked)
-            return await control_nodes(bus, nodes, asked)
+                check_against_registry(policy or cs.nodes[n].policy, asked)
+            return await control_nodes(bus, nodes, asked, policy)
         finally:
             await bus.close()
 
@@ -502,14 +514,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_clear)
 
-    p = sub.add_parser("control", help="read or set the policy parameters in force, per node or cluster-wide",
-                       description="Without NAME=VALUE: print each node's policy parameters in force. With them: "
-                       "set them (any parameter of the node's policy by name: alpha, beta, initial_interval_s, "
-                       "max_interval_s, and each policy's own), checked against the policy registry before "
-                       "anything is sent, then by the worker, which acknowledges with the parameters now in "
-                       "force. Every node unless --node.",
-                       epilog="example: dqoes control --node worker-1 alpha=0.15 beta=0.2")
-    p.add_argument("set", nargs="*", metavar="NAME=VALUE", help="parameters to set (none: read)")
+    p = sub.add_parser("control", help="read or switch the policy and set its parameters, per node or cluster-wide",
+                       description="Without NAME=VALUE: print each node's policy and parameters in force. With "
+                       "them: set them (any parameter of the node's policy by name: alpha, beta, "
+                       "initial_interval_s, max_interval_s, and each policy's own), checked against the policy "
+                       "registry before anything is sent, then by the worker, which acknowledges with the "
+                       "parameters now in force. policy=NAME switches to another registered policy first (the "
+                       "other parameters then apply to it). Every node unless --node.",
+                       epilog="examples: dqoes control policy=dqoes;  dqoes control --node worker-1 alpha=0.15 beta=0.2")
+    p.add_argument("set", nargs="*", metavar="NAME=VALUE",
+                   help="parameters to set, or policy=NAME (none: read)")
     p.add_argument("--node", help="only this node (default: every node reporting to the manager)")
     p.add_argument("--nats", help=nats_help)
     p.add_argument("--creds", help="credentials file of an admin identity: only an admin may publish control "

@@ -215,3 +215,56 @@ def test_the_worker_itself_refuses_a_bad_control_request(stack):
                               encode(ControlMsg(params={"beta": 0.3, "initial_interval_s": -1}), "test")),
                       ControlReply)
     assert reply.ok is False and reply.params["beta"] == 0.25
+
+
+def node_state(url, ok=lambda ns: True, timeout_s=20.0):
+    """The first state worker-1 publishes that passes `ok`."""
+    async def go():
+        bus = await Bus.connect(url, "test-state")
+        got: asyncio.Future[NodeState] = asyncio.get_running_loop().create_future()
+        await bus.subscribe(subjects.state("worker-1"), lambda m, _: got.done() or not ok(m) or got.set_result(m),
+                            expect=NodeState)
+        try:
+            return await asyncio.wait_for(got, timeout_s)
+        finally:
+            await bus.close()
+
+    return asyncio.run(go())
+
+
+def control_request(stack, msg: ControlMsg) -> ControlReply:
+    return decode_as(request(stack.url_for("admin"), subjects.control("worker-1"), encode(msg, "test")), ControlReply)
+
+
+def test_control_switches_the_policy_at_runtime_acknowledged_by_the_worker(stack):
+    # Last in this module: it leaves the node on DQoES with its default parameters but one.
+    r = dqoes("control", "--nats", stack.url_for("admin"), "policy=learned", "--json")
+    assert r.returncode == 0, r.stderr
+    reply = last_json(r.stdout)["nodes"]["worker-1"]
+    assert reply["ok"] and reply["policy"] == "learned" and reply["changed"] == ["policy"]
+    assert "half_life_s" in reply["params"] and "beta" not in reply["params"]  # learned's own parameters
+    before = node_state(stack.url, lambda ns: ns.policy == "learned")
+    after = node_state(stack.url, lambda ns: ns.round > before.round)  # rounds go on under the new policy
+    assert after.policy == "learned" and after.params == reply["params"]
+    assert "policy now learned (was dqoes), set by control" in (stack.run_dir / "worker-worker-1.log").read_text()
+
+    # An unknown policy: one line from the CLI, nothing sent; the worker refuses one sent anyway.
+    r = dqoes("control", "--nats", stack.url_for("admin"), "policy=nonsense")
+    assert r.returncode == 2 and "unknown policy 'nonsense'" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    refused = control_request(stack, ControlMsg(policy="nonsense"))
+    assert not refused.ok and "unknown policy 'nonsense'" in refused.error
+    assert refused.policy == "learned" and refused.changed == ()
+    # A switch with a parameter the new policy lacks changes nothing either, the policy included.
+    refused = control_request(stack, ControlMsg(policy="dqoes", params={"half_life_s": 5.0}))
+    assert not refused.ok and "half_life_s" in refused.error and refused.policy == "learned"
+    assert node_state(stack.url).policy == "learned"
+
+    # Back to the paper's algorithm with a parameter of its own, in one message.
+    r = dqoes("control", "--nats", stack.url_for("admin"), "policy=dqoes", "beta=0.3", "--json")
+    assert r.returncode == 0, r.stderr
+    reply = last_json(r.stdout)["nodes"]["worker-1"]
+    assert reply["ok"] and reply["policy"] == "dqoes" and reply["changed"] == ["beta", "policy"]
+    assert reply["params"]["beta"] == 0.3 and "half_life_s" not in reply["params"]
+    assert node_state(stack.url, lambda ns: ns.policy == "dqoes").params["beta"] == 0.3
+    assert "dqoes" in dqoes("control", "--nats", stack.url_for("admin")).stdout.split()

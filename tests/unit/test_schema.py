@@ -156,7 +156,7 @@ SAMPLES: dict[str, schema.Message] = {
     ),
     "objective": ObjectiveAssign(container="resnet.1", objective_s=40.0, alpha=0.05, revision=3),
     "control": ControlMsg(alpha=0.2, beta=0.15, initial_interval_s=5.0, max_interval_s=80.0,
-                          params={"dead_band": 0.05}),
+                          params={"dead_band": 0.05}, policy="learned"),
     "control_reply": ControlReply(node="node-a", policy="dqoes", ok=True,
                                   params={"alpha": 0.2, "beta": 0.15}, changed=("alpha", "beta")),
     "progress": Progress(job="job-1", node="node-a", value=1.25, epoch=3, step=120, eval_fn="cross entropy",
@@ -185,7 +185,7 @@ def as_before_v3(msg):
             containers=tuple(dataclasses.replace(c, met=None, cpu_cores_used=None, throttled_ratio=None,
                                                  last_batch_at=None) for c in msg.containers))
     if isinstance(msg, ControlMsg):
-        return dataclasses.replace(msg, params={})
+        return dataclasses.replace(msg, params={}, policy=None)
     if isinstance(msg, LatencyEvent):  # added later within v3, optional like the others
         return dataclasses.replace(msg, follows_limit=False)
     return msg
