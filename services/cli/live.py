@@ -348,9 +348,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="where JetStream data (objectives), credentials (auth/) and logs go "
                    "(default: $DQOES_STATE_DIR/up, else ~/.local/state/dqoes/up); printed at start")
     p.add_argument("--fresh", action="store_true", help="forget the objectives stored by earlier runs")
-    p.add_argument("--on-stop", choices=("keep", "restore"), default="keep",
-                   help="on a clean stop, keep the CPU limits in force or restore what the containers had "
-                   "before (kept across worker crashes; default keep; docs/operations.md)")
+    p.add_argument("--on-stop", choices=("keep", "restore"), default="restore",
+                   help="on a clean stop, restore the CPU limits the containers had before (kept across worker "
+                   "crashes; the default) or keep those in force (docs/guide/operations.md)")
     p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the web dashboard")
     p.add_argument("--no-metrics", action="store_true",

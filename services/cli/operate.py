@@ -121,7 +121,7 @@ CONTAINER_HEADER = ("NODE", "CONTAINER", "MODEL", "OBJECTIVE", "ALPHA", "LATENCY
 def container_table(rows: list[ContainerInfo], now: float) -> list[str]:
     """Like `docker ps`: one line per container, columns sized to their contents."""
     body = [
-        (r.node, r.container, r.model or "-", _num(r.objective_s, ".1f") + ("s" if r.objective_s else ""),
+        (r.node, r.container, r.model or "-", _num(r.objective_s, "g") + (" s" if r.objective_s else ""),
          _num(r.alpha, ".2f"), _num(r.latency_s, ".2f") + ("s" if r.latency_s else ""), _yes(r.met),
          _yes(r.in_band), r.cls or ("pending" if r.managed else "unmanaged"),
          _num(r.cpu_limit_cores, ".2f", "none"), _num(r.cpu_used_cores, ".2f"),

@@ -52,7 +52,7 @@ class StackSpec:
     workload_resolution: int | None = None
     metrics: bool = False
     """Serve Prometheus metrics from the manager and every worker on free local ports."""
-    on_stop: str = "keep"
+    on_stop: str = "restore"
     """What workers do with the limits on a clean stop: keep them, or restore the containers' own."""
 
 

@@ -45,7 +45,7 @@ class WorkerConfig:
     node: str
     nats_url: str = "nats://127.0.0.1:4222"
     nats_creds: str | None = None
-    on_stop: str = "keep"
+    on_stop: str = "restore"
     """On a clean stop: "keep" the limits in force, or "restore" what the containers had before."""
     state_dir: str | None = None
     """Where the containers' original limits and what `dqoes control` set are kept across restarts

@@ -383,8 +383,14 @@ class Worker:
             except RuntimeFailure as e:
                 log.warning("limit for %s not released: %s", name, e)
                 continue
+            old = t.limit
             self.ctrl.set_limit(name, _fraction(actual))
             self.limit_changes += 1
+            log.info("limit of %s: %s -> %s cores (objective cleared)", name, self._cores(old), self._cores(actual))
+
+    def _cores(self, limit: float | None) -> str:
+        """A limit (fraction of the node) as cores, for a log line."""
+        return "none" if limit is None else f"{limit * self.ctrl.cores:.2f}"
 
     async def _read_throttling(self) -> None:
         """Throttled share of CFS periods since the previous reading, per container."""
@@ -444,6 +450,8 @@ class Worker:
                 actual = old
             if actual != new:
                 self.ctrl.set_limit(name, _fraction(actual))
+            if actual != old:
+                log.info("limit of %s: %s -> %s cores", name, self._cores(old), self._cores(actual))
 
         await asyncio.gather(*(one(c.name, c.new_limit, c.old_limit) for c in changes))
 

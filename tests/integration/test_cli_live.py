@@ -74,6 +74,12 @@ def test_target_set_status_and_watch(stack, tmp_path):
     r = dqoes("target", "set", "c02", "12.5", "--alpha", "0.2", "--nats", stack.url)
     assert r.returncode == 0 and "objective for c02: 12.5 s a batch" in r.stdout
 
+    assert dqoes("target", "set", "c03", "0.25", "--nats", stack.url).returncode == 0
+    deadline = time.monotonic() + 30  # status prints an objective as it was set, not rounded
+    while not any(x.split()[1:2] == ["c03"] and "0.25 s" in x for x in dqoes("status", "--nats", stack.url).stdout.splitlines()):
+        assert time.monotonic() < deadline, dqoes("status", "--nats", stack.url).stdout
+        time.sleep(0.5)
+
     r = dqoes("target", "set", "ghost", "30", "--nats", stack.url)
     assert r.returncode == 1 and "refused: unknown container 'ghost'" in r.stderr
 
