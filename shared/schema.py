@@ -75,6 +75,7 @@ from shared.validation import (
     ident,
     integer,
     nested,
+    one_of,
     optional,
     param_map,
     schema_error,
@@ -244,6 +245,9 @@ class ContainerState(Checked):
     """v3: when the worker last heard a batch from it (unix s); None: never."""
     stale: bool = checked(boolean, default=False)
     """No batch for longer than the worker's stale threshold: its limit is kept, it is not met."""
+    objective_source: str | None = checked(optional(one_of("target", "label")), default=None)
+    """Added within v3: where the objective in force comes from, "target" (the objective store, set
+    through dqoes.targets; it wins) or "label" (the container's dqoes.objective_s); None: no objective."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -114,7 +114,7 @@ def cluster_lines(cs: ClusterState, node: str | None = None) -> list[str]:
     return lines
 
 
-CONTAINER_HEADER = ("NODE", "CONTAINER", "MODEL", "OBJECTIVE", "ALPHA", "LATENCY", "MET", "IN BAND",
+CONTAINER_HEADER = ("NODE", "CONTAINER", "MODEL", "OBJECTIVE", "FROM", "ALPHA", "LATENCY", "MET", "IN BAND",
                     "CLASS", "LIMIT", "CPU USED", "THROTTLED", "LAST BATCH")
 
 
@@ -122,6 +122,7 @@ def container_table(rows: list[ContainerInfo], now: float) -> list[str]:
     """Like `docker ps`: one line per container, columns sized to their contents."""
     body = [
         (r.node, r.container, r.model or "-", _num(r.objective_s, "g") + (" s" if r.objective_s else ""),
+         r.objective_source or "-",
          _num(r.alpha, ".2f"), _num(r.latency_s, ".2f") + ("s" if r.latency_s else ""), _yes(r.met),
          _yes(r.in_band), r.cls or ("pending" if r.managed else "unmanaged"),
          _num(r.cpu_limit_cores, ".2f", "none"), _num(r.cpu_used_cores, ".2f"),
@@ -272,16 +273,43 @@ def _target_line(t: dict[str, Any]) -> str:
             f"  (revision {t['revision']})")
 
 
+def in_force(row: ContainerInfo | None) -> dict[str, Any] | None:
+    """The objective a container's worker has in force and where it comes from, or None."""
+    if row is None or row.objective_s is None:
+        return None
+    return {"node": row.node, "objective_s": row.objective_s, "alpha": row.alpha, "source": row.objective_source}
+
+
+SOURCES = {"target": "from the objective store (dqoes target set)",
+           "label": "from its dqoes.objective_s label", None: "source not reported"}
+
+
 def cmd_target_get(args: argparse.Namespace) -> int:
-    reply = asyncio.run(_public_request(args, subjects.TARGETS_GET,
-                                        orjson.dumps({"container": args.container})))
-    if not reply["ok"]:
-        return _refused(reply, args.json)
+    async def go() -> tuple[dict[str, Any], ContainerInfo | None]:
+        reply = await _public_request(args, subjects.TARGETS_GET, orjson.dumps({"container": args.container}))
+        bus = await connect(resolve_url(args.nats, args.creds), "dqoes-target")
+        try:  # what its worker has in force: the store's objective wins over the container's label
+            rows = [r for r in await fetch_containers(bus) if r.container == args.container]
+        except CliError:
+            rows = []
+        finally:
+            await bus.close()
+        return reply, (rows[0] if rows else None)
+
+    reply, row = asyncio.run(go())
+    force = in_force(row)
     if args.json:
-        emit_json(reply)
-    else:
+        emit_json({**reply, "in_force": force})
+        return 0 if reply["ok"] else 1
+    if reply["ok"]:
         print(_target_line(reply["target"]))
-    return 0
+    else:
+        print(f"refused: {reply['error']}", file=sys.stderr)
+    if force is not None:
+        print(f"in force on {force['node']}: {force['objective_s']:g} s, {SOURCES.get(force['source'])}")
+    elif row is not None:
+        print(f"in force on {row.node}: no objective (unmanaged)")
+    return 0 if reply["ok"] else 1
 
 
 def cmd_target_list(args: argparse.Namespace) -> int:
@@ -490,12 +518,15 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_set)
 
-    p = t.add_parser("get", help="CONTAINER's stored objective",
-                     description="Request {container} on dqoes.targets.get and print the stored objective.")
+    p = t.add_parser("get", help="CONTAINER's stored objective, and the one in force with where it comes from",
+                     description="Request {container} on dqoes.targets.get and print the stored objective, then "
+                     "the objective its worker has in force and where that comes from: the store (dqoes target "
+                     "set), which wins, or the container's dqoes.objective_s label. Exit status 1 when none is "
+                     "stored.")
     p.add_argument("container")
     p.add_argument("--nats", help=nats_help)
     p.add_argument("--creds", help=creds_help)
-    p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
+    p.add_argument("--json", action="store_true", help="print the manager's JSON reply, with in_force: {node, objective_s, alpha, source} or null")
     p.set_defaults(func=cmd_target_get)
 
     p = t.add_parser("list", help="every stored objective", description="Request dqoes.targets.list.")

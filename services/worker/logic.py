@@ -310,6 +310,12 @@ class Worker:
             self._set_objective(c.name, objective, alpha)
         log.info("container %s joined (objective %s)", c.name, "none" if objective is None else f"{objective:g} s")
 
+    def _objective_source(self, name: str) -> str:
+        """Where the objective in force comes from: "target" (the objective store, which wins) or
+        "label" (the container's dqoes.objective_s label)."""
+        a = self.assigned.get(name)
+        return "target" if a is not None and a.objective_s is not None else "label"
+
     def _set_objective(self, name: str, objective_s: float | None, alpha: float | None) -> None:
         if objective_s is None:
             # Cleared by the operator: fall back to the container's own label, if any.
@@ -500,6 +506,7 @@ class Worker:
                     throttled_ratio=self.throttled_ratio.get(t.name),
                     last_batch_at=self.last_batch_at.get(t.name),
                     stale=t.name in stale,
+                    objective_source=self._objective_source(t.name) if t.managed else None,
                 )
             )
         return NodeState(

@@ -141,11 +141,26 @@ def test_target_get_list_and_clear(stack):
     st = wait_for(stack, lambda s: row(s, "c10")["managed"] and row(s, "c10")["cpu_limit_cores"] is not None,
                   "c10 is managed with a limit")
     assert row(st, "c10")["objective_s"] == 20.0
+    # Where each objective in force comes from: the store (c10) or the container's label (the others).
+    assert row(st, "c10")["objective_source"] == "target" and row(st, "c01")["objective_source"] == "label"
+    got = last_json(dqoes("target", "get", "c10", "--nats", stack.url, "--json").stdout)
+    assert got["in_force"] == {"node": "worker-1", "objective_s": 20.0, "alpha": 0.2, "source": "target"}
+    r = dqoes("target", "get", "c10", "--nats", stack.url)
+    assert r.returncode == 0 and "in force on worker-1: 20 s, from the objective store" in r.stdout
+    r = dqoes("target", "get", "c01", "--nats", stack.url)
+    label = row(st, "c01")["objective_s"]
+    assert r.returncode == 1 and "no objective stored for 'c01'" in r.stderr
+    assert f"in force on worker-1: {label:g} s, from its dqoes.objective_s label" in r.stdout
+    table = [x.split() for x in dqoes("status", "--nats", stack.url).stdout.splitlines()]
+    assert next(x for x in table if x[1:2] == ["c01"])[5] == "label"
+    assert next(x for x in table if x[1:2] == ["c10"])[5] == "target"
 
     r = dqoes("target", "clear", "c10", "--nats", stack.url)
     assert r.returncode == 0 and "cleared (was 20 s)" in r.stdout, r.stderr
+    st = wait_for(stack, lambda s: not row(s, "c10")["managed"], "c10 is unmanaged again")
     r = dqoes("target", "get", "c10", "--nats", stack.url)
     assert r.returncode == 1 and "no objective stored for 'c10'" in r.stderr
+    assert "in force on worker-1: no objective (unmanaged)" in r.stdout and row(st, "c10")["objective_source"] is None
     assert last_json(dqoes("target", "list", "--nats", stack.url, "--json").stdout)["targets"] == []
     st = wait_for(stack, lambda s: not row(s, "c10")["managed"], "c10 is unmanaged again")
     assert row(st, "c10")["objective_s"] is None and row(st, "c10")["cpu_limit_cores"] is None  # released
