@@ -62,7 +62,7 @@ def test_up_runs_real_inference_processes_and_limits_them(tmp_path, cgroup_root)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "up", "--runtime", "cgroup", "--scenario", str(f),
-         "--batch", "4", "--resolution", "96", "--json", "--no-dashboard", "--run-dir", str(run_dir)],
+         "--policy", "dqoes", "--batch", "4", "--resolution", "96", "--json", "--no-dashboard", "--run-dir", str(run_dir)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     version = cgroupfs.cpu_version(cgroupfs.DEFAULT_ROOT)
