@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/dqoes up --twin --scenario paper-cluster-40 --seed 1 --time-scale 25
+	$(BIN)/dqoes up --compare default,dqoes,learned --scenario paper-cluster-40 --seed 1 --time-scale 25
 
 lint: setup
 	$(BIN)/lint-imports

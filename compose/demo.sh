@@ -27,8 +27,11 @@ summary; everything is torn down at the end (docker-compose down -v), also on
 Ctrl-C or an error.
 
 options:
-  --policy P       dqoes (default), default (no limits: Docker's fair share) or
-                   both (dqoes, then default on a fresh deployment, then both summaries)
+  --policy P       learned (default, the recommended allocator), dqoes (the paper's
+                   algorithm), default (no limits: Docker's fair share), or several
+                   separated by commas, each on a fresh deployment with the first run's
+                   objectives, then every summary (all: default,dqoes,learned;
+                   both: dqoes,default)
   --duration S     seconds to watch after the objectives are set (default 150)
   --every S        one progress line every S seconds (default 10)
   --window S       the summary's final window, seconds (default 60)
@@ -57,7 +60,7 @@ env:
 USAGE
 }
 
-policy=dqoes
+policy=learned
 duration=150
 every=10
 window=60
@@ -88,13 +91,17 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-case "$policy" in dqoes|default|both) ;; *) echo "demo.sh: --policy must be dqoes, default or both" >&2; exit 2 ;; esac
+case "$policy" in all) policy=default,dqoes,learned ;; both) policy=dqoes,default ;; esac
+IFS=, read -r -a policies <<<"$policy"
+for p in "${policies[@]}"; do
+    case "$p" in learned|dqoes|default) ;; *) echo "demo.sh: --policy must be learned, dqoes, default, a list of them separated by commas, all or both" >&2; exit 2 ;; esac
+done
 for v in "$duration" "$every" "$window" "$interval" "$baseline" "$port"; do
     if ! [[ "$v" =~ ^[0-9]+$ ]] || [ "$v" -eq 0 ]; then
         echo "demo.sh: '$v' is not a positive whole number" >&2; exit 2
     fi
 done
-[ "$policy" = both ] && [ "$keep" = 1 ] && { echo "demo.sh: --keep needs one policy" >&2; exit 2; }
+[ "${#policies[@]}" -gt 1 ] && [ "$keep" = 1 ] && { echo "demo.sh: --keep needs one policy" >&2; exit 2; }
 targets="${DQOES_DEMO_TARGETS:-$default_targets}"
 url="nats://127.0.0.1:$port"
 export DQOES_DEMO_PORT="$port" DQOES_INTERVAL_S="$interval"
@@ -246,7 +253,7 @@ run_once() {
 
     local use_targets="$targets" base="$work/baseline.json"
     if [ -n "$fixed_targets" ]; then
-        use_targets="$fixed_targets"  # the second run of --policy both: the first run's objectives
+        use_targets="$fixed_targets"  # a later run of several policies: the first run's objectives
     elif [[ "$targets" == *=x* ]]; then
         say "fair share: each container's seconds a batch with no objectives and no limits (${baseline} s)"
         progress_nats --network host -- latencies --nats "$url" --containers "$n_inference" \
@@ -298,14 +305,11 @@ run_once() {
     fi
 }
 
-case "$policy" in
-    both) run_once dqoes; run_once default ;;
-    *) run_once "$policy" ;;
-esac
+for p in "${policies[@]}"; do run_once "$p"; done
 
 if [ "${#json_runs[@]}" -gt 1 ]; then
     say "comparison"
-    for p in dqoes default; do
+    for p in "${policies[@]}"; do
         progress summary --log "$work/samples-$p.jsonl" --window "$window" --label "$p" || true
     done
 fi

@@ -32,7 +32,7 @@ options:
   --baseline S     seconds to measure the fair-share latencies (default 30)
   --alpha A        the objectives' tolerance band (default: the worker's, 0.10)
   --stack NAME     stack name (default dqoes)
-  --policy P       dqoes (default) or default (no limits)
+  --policy P       learned (default), dqoes (the paper's algorithm) or default (no limits)
   --build          rebuild the images first;  --no-build: fail if one is missing
   --json           progress on stderr; the last line of stdout is the JSON summary
   -h, --help       show this help
@@ -51,7 +51,7 @@ interval=5
 baseline=30
 alpha=""
 stack=dqoes
-policy=dqoes
+policy=learned
 build=auto
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -71,7 +71,7 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
-case "$policy" in dqoes|default) ;; *) echo "swarm-demo.sh: --policy must be dqoes or default" >&2; exit 2 ;; esac
+case "$policy" in learned|dqoes|default) ;; *) echo "swarm-demo.sh: --policy must be learned, dqoes or default" >&2; exit 2 ;; esac
 for v in "$duration" "$every" "$window" "$interval" "$baseline"; do
     if ! [[ "$v" =~ ^[0-9]+$ ]] || [ "$v" -eq 0 ]; then
         echo "swarm-demo.sh: '$v' is not a positive whole number" >&2; exit 2

@@ -44,6 +44,7 @@ from shared.validation import (
     ident,
     integer,
     nested,
+    one_of,
     optional,
     schema_error,
     show,
@@ -429,6 +430,9 @@ class ContainerInfo(Checked):
     last_batch_at: float | None = checked(optional(UNIX_S), default=None)
     stale: bool = checked(boolean, default=False)
     """It stopped publishing batches: its limit is kept and it is not counted as met."""
+    objective_source: str | None = checked(optional(one_of("target", "label")), default=None)
+    """Where the objective in force comes from: "target" (the store, set through dqoes.targets; it
+    wins over a label) or "label" (the container's dqoes.objective_s label); None: none, or unknown."""
     seen_at: float = checked(UNIX_S)
     """When its worker last reported it (the node state's time)."""
 

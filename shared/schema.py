@@ -29,7 +29,8 @@ the node state; 3 adds what an operator reads (a container's `met`,
 `cpu_cores_used`, `cpu_cores_idle`), a policy's own parameters by name in
 `control.params`, and the worker's `control_reply` (all new fields optional,
 so v2 bytes decode unchanged), and the training-job types `progress`,
-`job_done`, `training_state`, `launch`, `launch_reply` (FlowCon). Golden-bytes fixtures in tests/fixtures/golden/
+`job_done`, `training_state`, `launch`, `launch_reply` (FlowCon); later
+within v3, optional: a batch's `follows_limit` and `control.policy`. Golden-bytes fixtures in tests/fixtures/golden/
 pin the wire format (v1 and v2 fixtures are kept and must still decode).
 
 The public JSON a client speaks (target requests, the cluster summary) is in
@@ -74,6 +75,7 @@ from shared.validation import (
     ident,
     integer,
     nested,
+    one_of,
     optional,
     param_map,
     schema_error,
@@ -243,6 +245,9 @@ class ContainerState(Checked):
     """v3: when the worker last heard a batch from it (unix s); None: never."""
     stale: bool = checked(boolean, default=False)
     """No batch for longer than the worker's stale threshold: its limit is kept, it is not met."""
+    objective_source: str | None = checked(optional(one_of("target", "label")), default=None)
+    """Added within v3: where the objective in force comes from, "target" (the objective store, set
+    through dqoes.targets; it wins) or "label" (the container's dqoes.objective_s); None: no objective."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -313,12 +318,15 @@ class ObjectiveAssign(Checked):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ControlMsg(Checked):
-    """Operator -> worker: change policy parameters at runtime; None leaves one unchanged.
+    """Operator -> worker: change the policy or its parameters at runtime; None leaves one unchanged.
 
     `params` (v3) names any parameter of the policy in force (its parameters
     dataclass in `shared/core`), e.g. {"dead_band": 0.05}; the worker checks
     the names and values against the policy and answers a request with a
-    `ControlReply`. A message with nothing to change is a read.
+    `ControlReply`. `policy` (added within v3, optional like the others)
+    switches the node to another registered policy first, `params` then
+    apply to that one; an unknown policy changes nothing. A message with
+    nothing to change is a read.
     """
 
     TYPE: ClassVar[str] = "control"
@@ -329,6 +337,7 @@ class ControlMsg(Checked):
     initial_interval_s: float | None = checked(optional(INTERVAL), default=None)
     max_interval_s: float | None = checked(optional(INTERVAL), default=None)
     params: dict[str, float] = checked(param_map, factory=dict)
+    policy: str | None = checked(optional(ident), default=None)
 
     def asked(self) -> dict[str, float]:
         """Every parameter this message sets, by name (the named fields, then `params`)."""

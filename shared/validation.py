@@ -96,6 +96,16 @@ def optional(inner: Check) -> Check:
     return check
 
 
+def one_of(*choices: str) -> Check:
+    """One of a few fixed strings."""
+    def check(value: Any) -> str:
+        if not isinstance(value, str) or value not in choices:
+            raise Invalid(f"must be one of {', '.join(repr(c) for c in choices)}, got {show(value)}")
+        return value
+
+    return check
+
+
 def text(value: Any) -> str:
     if not isinstance(value, str):
         raise Invalid(f"must be a string, got {show(value)}")

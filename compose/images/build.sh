@@ -17,7 +17,9 @@
 #
 # Idempotent: the base is skipped when it exists (unless --force), the
 # debootstrap rootfs is cached as a tarball, wheels already in the wheelhouse
-# are reused, and docker build reuses its layer cache.
+# are reused, and docker build reuses its layer cache. The build stages
+# (wheels installed into a venv, about 3.7 GB for the two images) are removed
+# once their image is built, unless --keep-stages keeps them for faster rebuilds.
 set -euo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -33,6 +35,8 @@ options:
   --force        rebuild the base image and its cached rootfs (debootstrap again)
   --base-only    build only dqoes-base:bookworm (what the docker tests need)
   --no-workload  build the base and dqoes:latest, not dqoes-workload:latest
+  --keep-stages  keep the build stages (dqoes-stage:<image>, GBs): a rebuild after a
+                 code change then reuses their layers
   --cache DIR    cache directory (default: \$DQOES_CACHE or ~/.cache/dqoes)
   -h, --help     show this help
 
@@ -47,12 +51,14 @@ USAGE
 force=0
 base_only=0
 workload=1
+keep_stages=0
 cache="${DQOES_CACHE:-$HOME/.cache/dqoes}"
 while [ $# -gt 0 ]; do
     case "$1" in
         --force) force=1 ;;
         --base-only) base_only=1 ;;
         --no-workload) workload=0 ;;
+        --keep-stages) keep_stages=1 ;;
         --cache) cache="$2"; shift ;;
         -h|--help) usage; exit 0 ;;
         *) echo "build.sh: unknown option $1 (see --help)" >&2; exit 2 ;;
@@ -193,14 +199,19 @@ docker_build() {
     cp "$here/$dockerfile" "$ctx/Dockerfile"
     cp -l "$wheels"/*.whl "$ctx/wheels/" 2>/dev/null || cp "$wheels"/*.whl "$ctx/wheels/"
     step "docker build $tag"
-    # The build stage is tagged too (dqoes-stage:<image>), so the prune below
-    # keeps it and the next build reuses its layers.
-    DOCKER_BUILDKIT=0 docker build -q --force-rm --target build -t "dqoes-stage:${tag%%:*}" "$ctx" >/dev/null
+    # With --keep-stages the build stage is tagged too (dqoes-stage:<image>), so the
+    # prune below keeps it and the next build reuses its layers; otherwise it is left
+    # untagged and the prune removes it.
+    if [ "$keep_stages" = 1 ]; then
+        DOCKER_BUILDKIT=0 docker build -q --force-rm --target build -t "dqoes-stage:${tag%%:*}" "$ctx" >/dev/null
+    else
+        docker image rm "dqoes-stage:${tag%%:*}" >/dev/null 2>&1 || true  # left by a --keep-stages build
+    fi
     DOCKER_BUILDKIT=0 docker build -q --force-rm -t "$tag" "$ctx" >/dev/null
     rm -rf "$ctx"
 }
 
-# Older builds of ours (label dqoes.build) left untagged: remove them.
+# Older builds of ours and build stages (label dqoes.build) left untagged: remove them.
 prune_old() {
     docker image prune -f --filter label=dqoes.build=1 >/dev/null || true
 }

@@ -86,7 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 0
     if args.policy is not None and args.policy not in registry.names():
         raise CliError(f"--policy: {args.policy} governs training jobs; choose from {', '.join(registry.names())}")
-    args.policy = args.policy or "dqoes"
+    args.policy = args.policy or "learned"
     res = run_one(args.scenario, args.policy, args.seed, args.out, profiles=profiles_from(args.profiles))
     s = res.summary()
     if not args.json:
@@ -159,7 +159,7 @@ def cmd_compare_training(args: argparse.Namespace) -> int:
 def cmd_compare(args: argparse.Namespace) -> int:
     if training_exp.is_training(args.scenario):
         return cmd_compare_training(args)
-    policies = [p.strip() for p in (args.policies or "dqoes,default").split(",") if p.strip()]
+    policies = [p.strip() for p in (args.policies or "learned,dqoes,default").split(",") if p.strip()]
     for p in policies:
         if p not in registry.REGISTRY:
             raise CliError(f"--policies: unknown policy {p!r} (choose from {', '.join(registry.names())})")
@@ -259,7 +259,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       epilog=POLICIES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", metavar="SCENARIO")
     p.add_argument("--policy", choices=registry.all_names(), default=None,
-                   help="allocation policy (below; default dqoes, or flowcon for a training scenario)")
+                   help="allocation policy (below; default learned, or flowcon for a training scenario)")
     p.add_argument("--seed", type=int, default=1, help="random seed (noise, random objectives)")
     p.add_argument("--out", metavar="DIR", help="write the timeline as JSON lines into DIR")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")
@@ -271,7 +271,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                       epilog=POLICIES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scenario", metavar="SCENARIO")
     p.add_argument("--policies", default=None,
-                   help="comma-separated (default: dqoes,default; flowcon,default for a training scenario)")
+                   help="comma-separated (default: learned,dqoes,default; flowcon,default for a training scenario)")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", metavar="DIR", help="write each run's timeline into DIR")
     p.add_argument("--json", action="store_true", help="last line of stdout is one JSON object")

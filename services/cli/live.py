@@ -138,15 +138,15 @@ INFERENCE_MODELS = ("resnet50", "vgg16", "mobilenetv2", "nasnetmobile", "incepti
 """What `services.inference --model` runs (nasnetmobile is its MobileNetV2 stand-in)."""
 
 
-def cgroup_up_problem(scenario: Any, *, twin: bool, policy: str, euid: int, has_torch: bool) -> str | None:
+def cgroup_up_problem(scenario: Any, *, compare: bool, policy: str, euid: int, has_torch: bool) -> str | None:
     """Why `dqoes up --runtime cgroup` cannot run this, or None."""
     if euid != 0:
         return "--runtime cgroup starts real inference processes in cgroups and needs root (run it with sudo)"
     if not has_torch:
         return "--runtime cgroup runs real torch models: install them with pip install '.[workloads]'"
-    if twin:
-        return ("--runtime cgroup cannot --twin: both stacks would share this machine's cores; "
-                "run DQoES and --policy default one after the other")
+    if compare:
+        return ("--runtime cgroup cannot --compare: the stacks would share this machine's cores; "
+                "run one --policy after the other")
     if registry.spec(policy).needs_curves:
         return f"--policy {policy} needs every container's latency curve: only with --runtime sim"
     unknown = sorted({c.model for c in scenario.containers} - set(INFERENCE_MODELS))
@@ -155,21 +155,35 @@ def cgroup_up_problem(scenario: Any, *, twin: bool, policy: str, euid: int, has_
     return None
 
 
+def compared_policies(args: argparse.Namespace) -> list[str]:
+    """The policies `dqoes up` runs side by side: --compare's list, --twin's pair, else --policy."""
+    if args.compare is None:
+        return ["dqoes", "default"] if args.twin else [args.policy]
+    if args.twin:
+        raise CliError("--twin is --compare dqoes,default: give one of them")
+    names = [n.strip() for n in args.compare.split(",") if n.strip()]
+    unknown = [n for n in names if n not in registry.names()]
+    if unknown or not names or len(set(names)) != len(names):
+        raise CliError(f"--compare takes distinct policies separated by commas, from {', '.join(registry.names())}; "
+                       f"got {args.compare!r}")
+    return names
+
+
 def cmd_up(args: argparse.Namespace) -> int:
+    policies = compared_policies(args)
     scenario = load(args.scenario, args.seed)
     if args.nodes is not None:
         scenario = _with_nodes(scenario, args.nodes, args.seed)
     if args.runtime == "cgroup":
         import importlib.util
 
-        problem = cgroup_up_problem(scenario, twin=args.twin, policy=args.policy, euid=os.geteuid(),
+        problem = cgroup_up_problem(scenario, compare=len(policies) > 1, policy=policies[0], euid=os.geteuid(),
                                     has_torch=importlib.util.find_spec("torch") is not None)
         if problem:
             raise CliError(problem)
         args.time_scale = 1.0  # real processes run in real time
     if args.batch < 1 or (args.resolution is not None and args.resolution < 32):
         raise CliError("--batch must be >= 1 and --resolution >= 32 pixels")
-    policies = ["dqoes", "default"] if args.twin else [args.policy]
     # A stable data directory: objectives (JetStream) and credentials outlive a `dqoes up`.
     run_root = Path(args.run_dir) if args.run_dir else state_dir() / "up"
     try:  # ours alone: another user's directory is refused, a second `dqoes up` on it too
@@ -202,6 +216,7 @@ def _stacks(scenario: Any, policies: list[str], args: argparse.Namespace, run_ro
 
 
 def _run(stacks: list[Stack], scenario: Any, args: argparse.Namespace, run_root: Path) -> int:
+    policies = [s.spec.policy for s in stacks]
     stopped = False
     board: subprocess.Popen[bytes] | None = None
     # Signals are a flag from before the stacks start: one that came while they were starting
@@ -209,7 +224,7 @@ def _run(stacks: list[Stack], scenario: Any, args: argparse.Namespace, run_root:
     with signals_as_flag() as early:
         try:
             start_at = time.time() + 2.0 + 0.5 * len(stacks) * (len(scenario.nodes) + 1)
-            for s in stacks:  # one scenario clock for both stacks of a twin run
+            for s in stacks:  # one scenario clock for every stack of a comparison
                 s.start(start_at)
             deployments.write_pointer(run_root, _pointer(stacks))
             if not args.json:
@@ -243,11 +258,12 @@ def _run(stacks: list[Stack], scenario: Any, args: argparse.Namespace, run_root:
                       "scenario_time_s": round(end, 1), "interrupted": stopped,
                       "policies": {o.stack.name: o.summary(end) for o in obs},
                       "metrics": {o.stack.name: o.stack.metrics_urls for o in obs}}
-            if len(obs) == 2:
-                d, b = (result["policies"][p]["satisfied_final"] for p in ("dqoes", "default"))
-                result["ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
-                d, b = (result["policies"][p]["met_final"] for p in ("dqoes", "default"))
-                result["met_ratio_dqoes_to_default"] = None if b == 0 else round(d / b, 2)
+            res = result["policies"]
+            for p in [p for p in policies if p != "default" and "default" in res]:
+                d, b = res[p]["satisfied_final"], res["default"]["satisfied_final"]
+                result[f"ratio_{p}_to_default"] = None if b == 0 else round(d / b, 2)
+                d, b = res[p]["met_final"], res["default"]["met_final"]
+                result[f"met_ratio_{p}_to_default"] = None if b == 0 else round(d / b, 2)
             if args.json:
                 emit_json(result)
             else:
@@ -256,10 +272,13 @@ def _run(stacks: list[Stack], scenario: Any, args: argparse.Namespace, run_root:
                     per = "  ".join(f"{k}: {v}" for k, v in r["satisfied_per_node"].items())
                     print(f"  {name:<8} met {r['met_final']:>3}   in band {r['satisfied_final']:>3} ({per})   "
                           f"CPU spent {r['cpu_cores_final']:.1f} of {r['cores_total']:g} cores")
-                if len(obs) == 2:
-                    print("  DQoES / default Swarm: " + ", ".join(
-                        f"{what} {_ratio(*(result['policies'][p][key] for p in ('dqoes', 'default')))}"
+                for p in [p for p in policies if p != "default" and "default" in res]:
+                    print(f"  {'DQoES' if p == 'dqoes' else p} / default Swarm: " + ", ".join(
+                        f"{what} {_ratio(res[p][key], res['default'][key])}"
                         for what, key in (("met", "met_final"), ("in band", "satisfied_final"))))
+                if board is not None and not args.forever:
+                    print("  the dashboard stops with this run: add --forever to keep the run and the "
+                          "dashboard up until Ctrl-C", flush=True)
             return 0
         finally:
             if board is not None:
@@ -323,9 +342,13 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        "node of a scenario (simulated containers publishing over real NATS). Ctrl-C stops all.")
     p.add_argument("--scenario", default="paper-cluster-40", help="built-in name or file (default: paper-cluster-40)")
     p.add_argument("--nodes", type=int, help="instead: a random cluster of N nodes, 10 containers each")
-    p.add_argument("--policy", choices=registry.names(), default="dqoes",
-                   help="allocation policy: " + "; ".join(f"{n}: {registry.spec(n).summary}" for n in registry.names()))
-    p.add_argument("--twin", action="store_true", help="DQoES and default Swarm side by side, same workload and seed")
+    p.add_argument("--policy", choices=registry.names(), default="learned",
+                   help="allocation policy (default learned; dqoes: the paper's algorithm): "
+                   + "; ".join(f"{n}: {registry.spec(n).summary}" for n in registry.names()))
+    p.add_argument("--compare", metavar="P1,P2,...",
+                   help="several policies side by side, same workload and seed, one deployment each "
+                   "(e.g. default,dqoes,learned); ends with each one's met, in band and CPU")
+    p.add_argument("--twin", action="store_true", help="the same as --compare dqoes,default")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--time-scale", type=float, default=10.0, help="scenario seconds per wall second (default 10)")
     p.add_argument("--runtime", choices=("sim", "cgroup"), default="sim",
@@ -339,9 +362,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                    help="where JetStream data (objectives), credentials (auth/) and logs go "
                    "(default: $DQOES_STATE_DIR/up, else ~/.local/state/dqoes/up); printed at start")
     p.add_argument("--fresh", action="store_true", help="forget the objectives stored by earlier runs")
-    p.add_argument("--on-stop", choices=("keep", "restore"), default="keep",
-                   help="on a clean stop, keep the CPU limits in force or restore what the containers had "
-                   "before (kept across worker crashes; default keep; docs/operations.md)")
+    p.add_argument("--on-stop", choices=("keep", "restore"), default="restore",
+                   help="on a clean stop, restore the CPU limits the containers had before (kept across worker "
+                   "crashes; the default) or keep those in force (docs/guide/operations.md)")
     p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the web dashboard")
     p.add_argument("--no-metrics", action="store_true",

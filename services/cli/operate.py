@@ -116,14 +116,15 @@ def cluster_lines(cs: ClusterState, node: str | None = None) -> list[str]:
     return lines
 
 
-CONTAINER_HEADER = ("NODE", "CONTAINER", "MODEL", "OBJECTIVE", "ALPHA", "LATENCY", "MET", "IN BAND",
+CONTAINER_HEADER = ("NODE", "CONTAINER", "MODEL", "OBJECTIVE", "FROM", "ALPHA", "LATENCY", "MET", "IN BAND",
                     "CLASS", "LIMIT", "CPU USED", "THROTTLED", "LAST BATCH")
 
 
 def container_table(rows: list[ContainerInfo], now: float) -> list[str]:
     """Like `docker ps`: one line per container, columns sized to their contents."""
     body = [
-        (r.node, r.container, r.model or "-", _num(r.objective_s, ".1f") + ("s" if r.objective_s else ""),
+        (r.node, r.container, r.model or "-", _num(r.objective_s, "g") + (" s" if r.objective_s else ""),
+         r.objective_source or "-",
          _num(r.alpha, ".2f"), _num(r.latency_s, ".2f") + ("s" if r.latency_s else ""), _yes(r.met),
          _yes(r.in_band), r.cls or ("pending" if r.managed else "unmanaged"),
          _num(r.cpu_limit_cores, ".2f", "none"), _num(r.cpu_used_cores, ".2f"),
@@ -274,16 +275,43 @@ def _target_line(t: dict[str, Any]) -> str:
             f"  (revision {t['revision']})")
 
 
+def in_force(row: ContainerInfo | None) -> dict[str, Any] | None:
+    """The objective a container's worker has in force and where it comes from, or None."""
+    if row is None or row.objective_s is None:
+        return None
+    return {"node": row.node, "objective_s": row.objective_s, "alpha": row.alpha, "source": row.objective_source}
+
+
+SOURCES = {"target": "from the objective store (dqoes target set)",
+           "label": "from its dqoes.objective_s label", None: "source not reported"}
+
+
 def cmd_target_get(args: argparse.Namespace) -> int:
-    reply = asyncio.run(_public_request(args, subjects.TARGETS_GET,
-                                        orjson.dumps({"container": args.container})))
-    if not reply["ok"]:
-        return _refused(reply, args.json)
+    async def go() -> tuple[dict[str, Any], ContainerInfo | None]:
+        reply = await _public_request(args, subjects.TARGETS_GET, orjson.dumps({"container": args.container}))
+        bus = await connect(resolve_url(args.nats, args.creds), "dqoes-target")
+        try:  # what its worker has in force: the store's objective wins over the container's label
+            rows = [r for r in await fetch_containers(bus) if r.container == args.container]
+        except CliError:
+            rows = []
+        finally:
+            await bus.close()
+        return reply, (rows[0] if rows else None)
+
+    reply, row = asyncio.run(go())
+    force = in_force(row)
     if args.json:
-        emit_json(reply)
-    else:
+        emit_json({**reply, "in_force": force})
+        return 0 if reply["ok"] else 1
+    if reply["ok"]:
         print(_target_line(reply["target"]))
-    return 0
+    else:
+        print(f"refused: {reply['error']}", file=sys.stderr)
+    if force is not None:
+        print(f"in force on {force['node']}: {force['objective_s']:g} s, {SOURCES.get(force['source'])}")
+    elif row is not None:
+        print(f"in force on {row.node}: no objective (unmanaged)")
+    return 0 if reply["ok"] else 1
 
 
 def cmd_target_list(args: argparse.Namespace) -> int:
@@ -332,9 +360,20 @@ def check_against_registry(policy: str, asked: dict[str, float]) -> None:
         raise CliError(f"policy {policy}: {e}") from None
 
 
-async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float]) -> list[ControlReply]:
+def split_policy(items: list[str]) -> tuple[str | None, list[str]]:
+    """`policy=NAME` out of the NAME=VALUE list: the registered policy asked for (None: none), the rest."""
+    asked = [x.split("=", 1)[1].strip() for x in items if x.split("=", 1)[0].strip() == "policy" and "=" in x]
+    if len(asked) > 1:
+        raise CliError("policy=NAME given more than once")
+    if asked and asked[0] not in registry.names():
+        raise CliError(f"unknown policy {asked[0]!r} (choose from {', '.join(registry.names())}); nothing changed")
+    return (asked[0] if asked else None), [x for x in items if x.split("=", 1)[0].strip() != "policy"]
+
+
+async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float],
+                        policy: str | None = None) -> list[ControlReply]:
     try:
-        msg = ControlMsg(params=asked)
+        msg = ControlMsg(params=asked, policy=policy)
     except SchemaError as e:  # a name no policy can have (the registry's check passes unknown policies)
         raise CliError(str(e)) from None
     replies = []
@@ -348,7 +387,8 @@ async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float]) -> 
 
 
 def cmd_control(args: argparse.Namespace) -> int:
-    asked = parse_assignments(args.set)
+    policy, rest = split_policy(args.set)
+    asked = parse_assignments(rest)
 
     async def go() -> list[ControlReply]:
         bus = await connect(resolve_url(args.nats, args.creds, identity="admin", deployment=args.deployment), "dqoes-control")
@@ -360,8 +400,8 @@ def cmd_control(args: argparse.Namespace) -> int:
             if not nodes:
                 raise CliError("no node reports to the manager yet")
             for n in nodes:  # all checked before any is changed
-                check_against_registry(cs.nodes[n].policy, asked)
-            return await control_nodes(bus, nodes, asked)
+                check_against_registry(policy or cs.nodes[n].policy, asked)
+            return await control_nodes(bus, nodes, asked, policy)
         finally:
             await bus.close()
 
@@ -483,13 +523,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_set)
 
-    p = t.add_parser("get", help="CONTAINER's stored objective",
-                     description="Request {container} on dqoes.targets.get and print the stored objective.")
+    p = t.add_parser("get", help="CONTAINER's stored objective, and the one in force with where it comes from",
+                     description="Request {container} on dqoes.targets.get and print the stored objective, then "
+                     "the objective its worker has in force and where that comes from: the store (dqoes target "
+                     "set), which wins, or the container's dqoes.objective_s label. Exit status 1 when none is "
+                     "stored.")
     p.add_argument("container")
     p.add_argument("--nats", help=nats_help)
     add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
-    p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
+    p.add_argument("--json", action="store_true", help="print the manager's JSON reply, with in_force: {node, objective_s, alpha, source} or null")
     p.set_defaults(func=cmd_target_get)
 
     p = t.add_parser("list", help="every stored objective", description="Request dqoes.targets.list.")
@@ -510,14 +553,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_clear)
 
-    p = sub.add_parser("control", help="read or set the policy parameters in force, per node or cluster-wide",
-                       description="Without NAME=VALUE: print each node's policy parameters in force. With them: "
-                       "set them (any parameter of the node's policy by name: alpha, beta, initial_interval_s, "
-                       "max_interval_s, and each policy's own), checked against the policy registry before "
-                       "anything is sent, then by the worker, which acknowledges with the parameters now in "
-                       "force. Every node unless --node.",
-                       epilog="example: dqoes control --node worker-1 alpha=0.15 beta=0.2")
-    p.add_argument("set", nargs="*", metavar="NAME=VALUE", help="parameters to set (none: read)")
+    p = sub.add_parser("control", help="read or switch the policy and set its parameters, per node or cluster-wide",
+                       description="Without NAME=VALUE: print each node's policy and parameters in force. With "
+                       "them: set them (any parameter of the node's policy by name: alpha, beta, "
+                       "initial_interval_s, max_interval_s, and each policy's own), checked against the policy "
+                       "registry before anything is sent, then by the worker, which acknowledges with the "
+                       "parameters now in force. policy=NAME switches to another registered policy first (the "
+                       "other parameters then apply to it). Every node unless --node.",
+                       epilog="examples: dqoes control policy=dqoes;  dqoes control --node worker-1 alpha=0.15 beta=0.2")
+    p.add_argument("set", nargs="*", metavar="NAME=VALUE",
+                   help="parameters to set, or policy=NAME (none: read)")
     p.add_argument("--node", help="only this node (default: every node reporting to the manager)")
     p.add_argument("--nats", help=nats_help)
     add_deployment_flag(p)

@@ -42,7 +42,7 @@ from shared.scenarios.spec import Scenario, scenario_to_dict
 @dataclass
 class StackSpec:
     scenario: Scenario
-    policy: str = "dqoes"
+    policy: str = "learned"
     seed: int = 1
     time_scale: float = 10.0
     start_delay_s: float = 3.0
@@ -56,7 +56,7 @@ class StackSpec:
     workload_resolution: int | None = None
     metrics: bool = False
     """Serve Prometheus metrics from the manager and every worker on free local ports."""
-    on_stop: str = "keep"
+    on_stop: str = "restore"
     """What workers do with the limits on a clean stop: keep them, or restore the containers' own."""
 
 

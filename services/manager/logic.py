@@ -312,6 +312,7 @@ def container_rows(node_states: Iterable[NodeState]) -> list[ContainerInfo]:
                 cpu_limit_cores=None if c.limit is None else c.limit * ns.cores,
                 cpu_used_cores=used, throttled_ratio=c.throttled_ratio,
                 last_batch_at=c.last_batch_at, stale=c.stale, seen_at=ns.at,
+                objective_source=c.objective_source if managed else None,
             ))
     return rows
 

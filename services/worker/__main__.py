@@ -39,7 +39,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     )
     add_common(ap)
     flag(ap, "--node", "DQOES_NODE", socket.gethostname(), help="this node's name")
-    flag(ap, "--policy", "DQOES_POLICY", "dqoes", help="allocation policy (below)", choices=registry.names())
+    flag(ap, "--policy", "DQOES_POLICY", "learned", help="allocation policy (below; default learned, the recommended one; dqoes: the paper's)", choices=registry.names())
     flag(ap, "--runtime", "DQOES_RUNTIME", "sim", help="where containers run", choices=KINDS)
     flag(ap, "--scenario", "DQOES_SCENARIO", None, help="sim runtime: built-in scenario or file")
     flag(ap, "--seed", "DQOES_SEED", 1, type=int, help="sim runtime: random seed")
@@ -78,8 +78,9 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
          help="inference-first: training shares what inference leaves (at least one core); shared: no split")
     flag(ap, "--training-stale", "DQOES_TRAINING_STALE_S", 60.0, type=float,
          help="seconds without a value before a training job counts as stale")
-    flag(ap, "--on-stop", "DQOES_ON_STOP", "keep", choices=("keep", "restore"),
-         help="on a clean stop: keep the CPU limits in force, or restore what the containers had before")
+    flag(ap, "--on-stop", "DQOES_ON_STOP", "restore", choices=("keep", "restore"),
+         help="on a clean stop: restore the CPU limits the containers had before (default), or keep those "
+         "in force")
     flag(ap, "--state-dir", "DQOES_STATE_DIR_WORKER", None,
          help="directory keeping, across restarts, the containers' original limits (for --on-stop restore) "
          "and what `dqoes control` set (docs/operations.md)")

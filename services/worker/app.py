@@ -21,7 +21,7 @@ from shared.bus import Bus, BusError, Incoming
 from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.dqoes import DQoESParams
-from shared.core.policy import PolicyContext
+from shared.core.policy import Policy, PolicyContext
 from shared.metrics import MetricsServer, WorkerCollector, WorkerCounters
 from shared.publisher import LatencyPublisher
 from shared.runtime.base import Runtime, RuntimeFailure
@@ -46,13 +46,13 @@ class WorkerConfig:
     node: str
     nats_url: str = "nats://127.0.0.1:4222"
     nats_creds: str | None = None
-    on_stop: str = "keep"
+    """The credentials file the worker connects with (its path is handed to inference processes)."""
+    on_stop: str = "restore"
     """On a clean stop: "keep" the limits in force, or "restore" what the containers had before."""
     state_dir: str | None = None
     """Where the containers' original limits and what `dqoes control` set are kept across restarts
     (None: in memory only)."""
-    """The credentials file the worker connects with (its path is handed to inference processes)."""
-    policy: str = "dqoes"
+    policy: str = "learned"
     runtime: str = "sim"
     scenario: str | None = None
     seed: int = 1
@@ -182,9 +182,18 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         originals = str(state / f"limits-{subjects.token(cfg.node)}.json") if state else None
         # What `dqoes control` changes outlives a restart, unless the worker's policy or flags changed.
         params_file = str(state / f"params-{subjects.token(cfg.node)}.json") if state else None
+        curves = PolicyContext(runtime.latency_curve)
+
+        def policy_named(name: str) -> Policy:  # `dqoes control policy=NAME`; ValueError: refused
+            if name not in registry.names():
+                raise ValueError(f"unknown policy {name!r} (choose from {', '.join(registry.names())})")
+            if registry.spec(name).needs_curves and cfg.runtime != "sim":
+                raise ValueError(f"policy {name} needs every container's latency curve: only with the sim runtime")
+            return registry.build(name, settings, curves)
+
         worker = Worker(cfg.node, runtime, ctrl, bus.publish, state_interval_s=cfg.state_interval_s,
                         training=training, originals_file=originals, params_file=params_file,
-                        params_key={"policy": cfg.policy, "settings": settings})
+                        params_key={"policy": cfg.policy, "settings": settings}, policy_factory=policy_named)
         await worker.start()
     except (RuntimeFailure, ValueError, KeyError) as e:
         if runtime is not None:

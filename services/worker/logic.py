@@ -24,7 +24,7 @@ from services.worker.training import TrainingSide, is_training
 from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController, finished_on_clock
-from shared.core.policy import numeric_params, unknown_params
+from shared.core.policy import Policy, numeric_params, unknown_params
 from shared.core.types import Cls, Decision, classify, workload_of
 from shared.ratelog import RateLimitedLog
 from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
@@ -64,8 +64,14 @@ class Worker:
         originals_file: str | None = None,
         params_file: str | None = None,
         params_key: Mapping[str, Any] | None = None,
+        policy_factory: Callable[[str], Policy] | None = None,
     ) -> None:
         self.node = node
+        self.policy_factory = policy_factory
+        """Builds a registered policy by name for `dqoes control policy=NAME` (ValueError: refused;
+        None: this worker cannot switch)."""
+        self.switched_to: str | None = None
+        """The policy `dqoes control` switched this node to (restored ones included); None: its own."""
         self.params_file = params_file
         """Where what `dqoes control` changed is kept, so that a restarted worker keeps it (None: not)."""
         self.params_key = json.loads(json.dumps(dict(params_key or {}), default=str))  # as the file has it
@@ -110,6 +116,13 @@ class Worker:
         """Refused control messages and objectives: one line per 5 s per kind, with a count."""
         self._next_state_wall = 0.0
         self._stopping = False
+        restored_policy = restored_switch(params_file, self.params_key)
+        if restored_policy:
+            error = self._switch_policy(restored_policy)
+            if error:
+                log.warning("policy set by control in %s not restored: %s", params_file, error)
+            else:
+                log.info("restored the policy set by control before this worker started: %s", restored_policy)
         restored = restored_params(params_file, self.params_key)
         if restored:
             error = self._set_params(restored)
@@ -196,17 +209,41 @@ class Worker:
         why. A message that asks for nothing is a read.
         """
         asked = msg.asked()
-        error = self._set_params(asked) if asked else ""
+        before = self.ctrl.policy
+        switch = msg.policy is not None and msg.policy != before.name
+        error = self._switch_policy(str(msg.policy)) if switch else ""
+        if not error and asked:
+            error = self._set_params(asked)
+            if error and switch:  # nothing changes: the policy in force stays
+                self.ctrl.policy = before
         if error:
             self.refusals.log("control", "control message refused: %s", error)
-        elif asked:
+        elif asked or switch:
+            if switch:
+                self.switched_to = self.ctrl.policy.name
+                self.controlled = {}  # parameters set on the policy before do not carry over
+                log.info("policy now %s (was %s), set by control", self.ctrl.policy.name, before.name)
             self.controlled.update({k: float(v) for k, v in asked.items()})
             if self.params_file:
-                _write_json(self.params_file, {"key": self.params_key, "changed": self.controlled},
-                            "the parameters set by control")
+                _write_json(self.params_file, {"key": self.params_key, "changed": self.controlled,
+                                               "policy": self.switched_to}, "the parameters set by control")
+            self.ctrl.next_round_at_s = self.clock()
             self.wake.set()
+        changed = () if error else tuple(sorted(asked)) + (("policy",) if switch else ())
         return ControlReply(node=self.node, policy=self.ctrl.policy.name, ok=not error, error=error,
-                            params=self.params_in_force(), changed=() if error else tuple(sorted(asked)))
+                            params=self.params_in_force(), changed=changed)
+
+    def _switch_policy(self, name: str) -> str:
+        """Put the registered policy `name` in force from the next round; the error ("" if none)."""
+        if self.policy_factory is None:
+            return "this worker cannot switch policies"
+        try:
+            policy = self.policy_factory(name)
+        except ValueError as e:
+            return str(e)
+        self.ctrl.policy = policy
+        self.ctrl.next_round_at_s = self.clock()
+        return ""
 
     def _set_params(self, asked: Mapping[str, float]) -> str:
         """Set the policy's parameters by name; the error ("" if none), and then nothing changes."""
@@ -272,6 +309,12 @@ class Worker:
         if objective is not None:
             self._set_objective(c.name, objective, alpha)
         log.info("container %s joined (objective %s)", c.name, "none" if objective is None else f"{objective:g} s")
+
+    def _objective_source(self, name: str) -> str:
+        """Where the objective in force comes from: "target" (the objective store, which wins) or
+        "label" (the container's dqoes.objective_s label)."""
+        a = self.assigned.get(name)
+        return "target" if a is not None and a.objective_s is not None else "label"
 
     def _set_objective(self, name: str, objective_s: float | None, alpha: float | None) -> None:
         if objective_s is None:
@@ -346,8 +389,14 @@ class Worker:
             except RuntimeFailure as e:
                 log.warning("limit for %s not released: %s", name, e)
                 continue
+            old = t.limit
             self.ctrl.set_limit(name, _fraction(actual))
             self.limit_changes += 1
+            log.info("limit of %s: %s -> %s cores (objective cleared)", name, self._cores(old), self._cores(actual))
+
+    def _cores(self, limit: float | None) -> str:
+        """A limit (fraction of the node) as cores, for a log line."""
+        return "none" if limit is None else f"{limit * self.ctrl.cores:.2f}"
 
     async def _read_throttling(self) -> None:
         """Throttled share of CFS periods since the previous reading, per container."""
@@ -407,6 +456,8 @@ class Worker:
                 actual = old
             if actual != new:
                 self.ctrl.set_limit(name, _fraction(actual))
+            if actual != old:
+                log.info("limit of %s: %s -> %s cores", name, self._cores(old), self._cores(actual))
 
         await asyncio.gather(*(one(c.name, c.new_limit, c.old_limit) for c in changes))
 
@@ -455,6 +506,7 @@ class Worker:
                     throttled_ratio=self.throttled_ratio.get(t.name),
                     last_batch_at=self.last_batch_at.get(t.name),
                     stale=t.name in stale,
+                    objective_source=self._objective_source(t.name) if t.managed else None,
                 )
             )
         return NodeState(
@@ -564,6 +616,19 @@ def _write_json(path: str, obj: Any, what: str) -> None:
         os.replace(tmp, path)
     except OSError as e:
         log.warning("could not keep %s in %s: %s", what, path, e)
+
+
+def restored_switch(path: str | None, key: Mapping[str, Any]) -> str | None:
+    """The policy `dqoes control` switched this node's last worker to, if it ran with the same
+    configuration (as `restored_params`, which drops a file of another configuration); else None."""
+    if not path or not Path(path).exists():
+        return None
+    try:
+        obj = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return None  # restored_params says why and drops it
+    policy = obj.get("policy") if isinstance(obj, dict) and obj.get("key") == dict(key) else None
+    return policy if isinstance(policy, str) and policy else None
 
 
 def restored_params(path: str | None, key: Mapping[str, Any]) -> dict[str, float]:

@@ -60,6 +60,6 @@ def _fresh_streamlit_caches() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def small_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A live DQoES cluster of two nodes, scenario time x20, node states every 0.3 s."""
-    spec = StackSpec(load(str(SMALL), 1), time_scale=20.0, start_delay_s=0.5, state_interval_s=0.3)
+    spec = StackSpec(load(str(SMALL), 1), policy="dqoes", time_scale=20.0, start_delay_s=0.5, state_interval_s=0.3)
     with Stack(spec, run_dir=tmp_path_factory.mktemp("stack")) as s:
         yield s

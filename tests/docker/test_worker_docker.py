@@ -97,7 +97,7 @@ class Cluster:
                                  expect=DecisionMsg)
         await self.bus.subscribe(subjects.state(self.node), lambda m, _: setattr(self, "state", m),
                                  expect=NodeState)
-        cfg = WorkerConfig(node=self.node, nats_url=self.nats_url, runtime="docker", cores=2.0,
+        cfg = WorkerConfig(node=self.node, nats_url=self.nats_url, runtime="docker", cores=2.0, policy="dqoes",
                            docker_url=self.proxy.url, initial_interval_s=ROUND_S, state_interval_s=0.5)
         self.app = await build(cfg)
         self._serving = asyncio.create_task(serve(self.app, handle_signals=False))

@@ -164,7 +164,7 @@ def wait_for_charts(page, count: int) -> None:
 
 
 def test_live_run_in_a_real_browser(browser, tmp_path):
-    up = spawn("up", "--scenario", str(SMALL), "--time-scale", "10", "--forever",
+    up = spawn("up", "--scenario", str(SMALL), "--policy", "dqoes", "--time-scale", "10", "--forever",
                "--run-dir", str(tmp_path / "run"), "--runs", str(tmp_path), state_dir=tmp_path)
     try:
         url = read_until(up, r"dashboard: (http://\S+)").group(1)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 def test_live_and_simulated_runs_end_within_one(name, tmp_path):
     sc = load(name, 1)
     sim = simulate(sc, "dqoes", 1)
-    stack = Stack(StackSpec(sc, seed=1, time_scale=40.0, start_delay_s=2.0, state_interval_s=0.25),
+    stack = Stack(StackSpec(sc, policy="dqoes", seed=1, time_scale=40.0, start_delay_s=2.0, state_interval_s=0.25),
                   run_dir=tmp_path / "run")
     with stack:
         obs = asyncio.run(observe([stack], sc.duration_s, quiet=True))

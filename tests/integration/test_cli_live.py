@@ -36,13 +36,15 @@ def test_up_runs_a_scenario_and_reports_like_the_simulator(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     res = last_json(r.stdout)
     assert res["scenario"] == "paper-varied" and res["interrupted"] is False
-    assert res["policies"]["dqoes"]["satisfied_per_node"].keys() == {"worker-1"}
-    assert res["policies"]["dqoes"]["satisfied_final"] >= 4  # well on its way to 7 by 600 s
+    # learned is the default policy
+    assert res["policies"].keys() == {"learned"}
+    assert res["policies"]["learned"]["satisfied_per_node"].keys() == {"worker-1"}
+    assert res["policies"]["learned"]["satisfied_final"] >= 4  # well on its way to 8 by 600 s
     # The three numbers: met counts every in-band container and those faster than asked.
-    dq = res["policies"]["dqoes"]
+    dq = res["policies"]["learned"]
     assert dq["met_per_node"].keys() == {"worker-1"} and dq["met_final"] >= dq["satisfied_final"]
     assert 0 < dq["cpu_cores_final"] <= dq["cores_total"] and dq["cpu_cores_idle"] >= 0
-    for log in (tmp_path / "run" / "dqoes").glob("*.log"):
+    for log in (tmp_path / "run" / "learned").glob("*.log"):
         assert "Traceback" not in log.read_text(), log
 
 
@@ -71,6 +73,12 @@ def test_target_set_status_and_watch(stack, tmp_path):
 
     r = dqoes("target", "set", "c02", "12.5", "--alpha", "0.2", "--nats", stack.url)
     assert r.returncode == 0 and "objective for c02: 12.5 s a batch" in r.stdout
+
+    assert dqoes("target", "set", "c03", "0.25", "--nats", stack.url).returncode == 0
+    deadline = time.monotonic() + 30  # status prints an objective as it was set, not rounded
+    while not any(x.split()[1:2] == ["c03"] and "0.25 s" in x for x in dqoes("status", "--nats", stack.url).stdout.splitlines()):
+        assert time.monotonic() < deadline, dqoes("status", "--nats", stack.url).stdout
+        time.sleep(0.5)
 
     r = dqoes("target", "set", "ghost", "30", "--nats", stack.url)
     assert r.returncode == 1 and "refused: unknown container 'ghost'" in r.stderr
@@ -109,28 +117,54 @@ def _shape(line: str) -> str:
     return re.sub(r"\s+", " ", re.sub(r"\d+(\.\d+)?", "N", line)).strip()
 
 
+DEMO_MARKER = "`make demo` ends like this"
+"""The sentence before the block of what `make demo` prints, in README.md and the quick start."""
+POLICY_LINE = re.compile(r"^  (default|dqoes|learned) +met ")
+RATIO_LINE = re.compile(r"^  (DQoES|learned) / default Swarm")
+
+
+def demo_blocks() -> dict[str, list[str]]:
+    """Each page's lines of the fenced block after DEMO_MARKER, by page."""
+    blocks = {}
+    for page in (REPO / "README.md", REPO / "docs" / "guide" / "quickstart.md"):
+        text = page.read_text()
+        if DEMO_MARKER in text:
+            block = text.split(DEMO_MARKER, 1)[1].split("```", 2)[1]
+            blocks[page.name] = [x for x in block.split("\n", 1)[1].rstrip().splitlines() if x != "..."]
+    return blocks
+
+
+def per_node(shape: str) -> str:
+    """A progress line's shape with the per-node counts taken out (one node here, four in the demo)."""
+    return re.sub(r"\(N(/N)*\)", "(N)", shape)
+
+
 def test_the_readme_shows_what_dqoes_up_prints(tmp_path):
-    """README's demo block has the lines `dqoes up --twin` prints, in the same shapes and order."""
-    readme = (REPO / "README.md").read_text()
-    block = readme.split("`make demo` starts two deployments", 1)[1].split("```", 2)[1]
-    shown = [line for line in block.strip().splitlines() if line != "..."]
-    r = dqoes("up", "--twin", "--scenario", "paper-varied", "--time-scale", "60", "--duration", "300",
-              "--no-dashboard", "--no-metrics", "--run-dir", str(tmp_path / "run"), timeout=180, env=tmp_path)
+    """The demo block has the lines `dqoes up --compare` prints, in the same shapes and order."""
+    blocks = demo_blocks()
+    assert blocks, f"no page has a block after {DEMO_MARKER!r}"
+    r = dqoes("up", "--compare", "default,dqoes,learned", "--scenario", "paper-varied", "--time-scale", "60",
+              "--duration", "900", "--no-metrics", "--run-dir", str(tmp_path / "run"), timeout=180, env=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     printed = r.stdout.strip().splitlines()
     progress = [_shape(x) for x in printed if x.startswith("t = ")]
-    final = [_shape(x) for x in printed[printed.index(next(x for x in printed if x.startswith("final"))):]]
-    for line in shown:
-        s = _shape(line)
-        if line.startswith("t = "):
-            # one node here, four in the demo: compare with the per-node counts taken out
-            assert re.sub(r"\(N(/N)*\)", "(N)", s) in {re.sub(r"\(N(/N)*\)", "(N)", p) for p in progress}, line
-        elif line.startswith("  dqoes ") or line.startswith("  default "):
-            assert re.sub(r"\(.*\)", "", s) in {re.sub(r"\(.*\)", "", f) for f in final}, line
-        elif line.startswith("  DQoES / default"):  # here default Swarm may have 0 in band: "no ratio"
-            assert s.split(", in band")[0] in {f.split(", in band")[0] for f in final}, line
-        else:
-            assert s in final, line
+    ending = printed[printed.index(next(x for x in printed if x.startswith("final"))):]
+    final = [_shape(x) for x in ending]
+    assert [POLICY_LINE.match(x)[1] for x in ending if POLICY_LINE.match(x)] == ["default", "dqoes", "learned"]
+    assert final[-1].startswith("the dashboard stops"), ending
+    for page, shown in blocks.items():
+        assert shown[-1].startswith("  the dashboard stops"), page  # the demo ends saying how to keep it up
+        for line in shown:
+            s = _shape(line)
+            if line.startswith("t = "):
+                # one node here, four in the demo: compare with the per-node counts taken out
+                assert per_node(s) in {per_node(p) for p in progress}, line
+            elif POLICY_LINE.match(line):
+                assert re.sub(r"\(.*\)", "", s) in {re.sub(r"\(.*\)", "", f) for f in final}, line
+            elif RATIO_LINE.match(line):  # here default Swarm may have 0 in band: "no ratio"
+                assert s.split(", in band")[0] in {f.split(", in band")[0] for f in final}, line
+            else:
+                assert s in final, (page, line)
 
 
 def _children(pid: int) -> list[int]:

@@ -276,7 +276,7 @@ def test_dqoes_up_restarts_a_killed_manager(tmp_path):
     finally:
         up.send_signal(signal.SIGINT)
         out, _ = up.communicate(timeout=60)
-    assert "supervisor: dqoes: manager exited with status -9" in out
+    assert "supervisor: learned: manager exited with status -9" in out  # the stack of the default policy
     assert "manager restarted" in out
     assert f"data directory: {tmp_path / 'data'}" in out
 
@@ -305,16 +305,21 @@ TWO = {
 
 
 @pytest.mark.anyio
-@pytest.mark.parametrize("mode", ["keep", "restore"])
-async def test_on_stop_keeps_or_restores_the_limits(nats_url, tmp_path, mode):
+@pytest.mark.parametrize("mode", ["keep", "restore", None])
+async def test_on_stop_keeps_or_restores_the_limits(nats_url, tmp_path, mode, caplog):
+    """None: the default, which gives the containers back what they had (a user who removes DQoES
+    finds them as before); every limit change is one INFO line."""
+    import logging
+
     from services.worker.app import WorkerConfig, build, serve
     from shared.schema import LatencyEvent
 
+    caplog.set_level(logging.INFO, logger="services.worker.logic")
     f = tmp_path / "two.json"
     f.write_text(json.dumps(TWO))
     app = await build(WorkerConfig(node="n1", nats_url=nats_url, scenario=str(f), time_scale=5.0,
-                                   state_interval_s=0.2, initial_interval_s=10.0, on_stop=mode,
-                                   state_dir=str(tmp_path)))
+                                   state_interval_s=0.2, initial_interval_s=10.0, state_dir=str(tmp_path),
+                                   **({} if mode is None else {"on_stop": mode})))
     task = asyncio.create_task(serve(app, handle_signals=False))
     bus = await Bus.connect(nats_url, "test")
     sim = app.runtime._sim
@@ -340,3 +345,5 @@ async def test_on_stop_keeps_or_restores_the_limits(nats_url, tmp_path, mode):
         await bus.close()
     assert lax.limit == (limited if mode == "keep" else None)
     assert not (tmp_path / "limits-n1.json").exists()
+    changes = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and r.getMessage().startswith("limit of lax: ")]
+    assert f"limit of lax: none -> {limited * 2:.2f} cores" in changes, changes

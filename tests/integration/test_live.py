@@ -47,7 +47,7 @@ async def wait_for(pred, timeout_s: float = 20.0, every_s: float = 0.05):
 async def test_latency_event_leads_to_a_decision_and_a_limit(nats_url, tmp_path):
     f = tmp_path / "two.json"
     f.write_text(json.dumps(TWO))
-    app = await build(WorkerConfig(node="n1", nats_url=nats_url, scenario=str(f), time_scale=5.0,
+    app = await build(WorkerConfig(node="n1", nats_url=nats_url, scenario=str(f), time_scale=5.0, policy="dqoes",
                                    state_interval_s=0.2, initial_interval_s=10.0))
     task = asyncio.create_task(serve(app, handle_signals=False))
     watcher = await Bus.connect(nats_url, "test")

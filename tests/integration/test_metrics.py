@@ -38,8 +38,10 @@ def per_container(m, name: str) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(StackSpec(load("paper-varied"), time_scale=10.0, start_delay_s=0.5, state_interval_s=0.3,
-                        metrics=True), run_dir=tmp_path_factory.mktemp("metrics"))
+    # DQoES: a round changes limits, so the state a scrape read is told apart from the next ones by its
+    # latencies and limits (learned holds its limits for rounds at a time).
+    s = Stack(StackSpec(load("paper-varied"), policy="dqoes", time_scale=10.0, start_delay_s=0.5,
+                        state_interval_s=0.3, metrics=True), run_dir=tmp_path_factory.mktemp("metrics"))
     with s:
         yield s
 

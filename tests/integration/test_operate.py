@@ -50,7 +50,7 @@ def scenario():
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(StackSpec(scenario(), time_scale=10.0, start_delay_s=0.5, state_interval_s=0.3),
+    s = Stack(StackSpec(scenario(), policy="dqoes", time_scale=10.0, start_delay_s=0.5, state_interval_s=0.3),
               run_dir=tmp_path_factory.mktemp("operate"))
     with s:
         wait_for(s, lambda st: len(st["containers"]) == 10 and all(
@@ -141,11 +141,26 @@ def test_target_get_list_and_clear(stack):
     st = wait_for(stack, lambda s: row(s, "c10")["managed"] and row(s, "c10")["cpu_limit_cores"] is not None,
                   "c10 is managed with a limit")
     assert row(st, "c10")["objective_s"] == 20.0
+    # Where each objective in force comes from: the store (c10) or the container's label (the others).
+    assert row(st, "c10")["objective_source"] == "target" and row(st, "c01")["objective_source"] == "label"
+    got = last_json(dqoes("target", "get", "c10", "--nats", stack.url, "--json").stdout)
+    assert got["in_force"] == {"node": "worker-1", "objective_s": 20.0, "alpha": 0.2, "source": "target"}
+    r = dqoes("target", "get", "c10", "--nats", stack.url)
+    assert r.returncode == 0 and "in force on worker-1: 20 s, from the objective store" in r.stdout
+    r = dqoes("target", "get", "c01", "--nats", stack.url)
+    label = row(st, "c01")["objective_s"]
+    assert r.returncode == 1 and "no objective stored for 'c01'" in r.stderr
+    assert f"in force on worker-1: {label:g} s, from its dqoes.objective_s label" in r.stdout
+    table = [x.split() for x in dqoes("status", "--nats", stack.url).stdout.splitlines()]
+    assert next(x for x in table if x[1:2] == ["c01"])[5] == "label"
+    assert next(x for x in table if x[1:2] == ["c10"])[5] == "target"
 
     r = dqoes("target", "clear", "c10", "--nats", stack.url)
     assert r.returncode == 0 and "cleared (was 20 s)" in r.stdout, r.stderr
+    st = wait_for(stack, lambda s: not row(s, "c10")["managed"], "c10 is unmanaged again")
     r = dqoes("target", "get", "c10", "--nats", stack.url)
     assert r.returncode == 1 and "no objective stored for 'c10'" in r.stderr
+    assert "in force on worker-1: no objective (unmanaged)" in r.stdout and row(st, "c10")["objective_source"] is None
     assert last_json(dqoes("target", "list", "--nats", stack.url, "--json").stdout)["targets"] == []
     st = wait_for(stack, lambda s: not row(s, "c10")["managed"], "c10 is unmanaged again")
     assert row(st, "c10")["objective_s"] is None and row(st, "c10")["cpu_limit_cores"] is None  # released
@@ -215,3 +230,56 @@ def test_the_worker_itself_refuses_a_bad_control_request(stack):
                               encode(ControlMsg(params={"beta": 0.3, "initial_interval_s": -1}), "test")),
                       ControlReply)
     assert reply.ok is False and reply.params["beta"] == 0.25
+
+
+def node_state(url, ok=lambda ns: True, timeout_s=20.0):
+    """The first state worker-1 publishes that passes `ok`."""
+    async def go():
+        bus = await Bus.connect(url, "test-state")
+        got: asyncio.Future[NodeState] = asyncio.get_running_loop().create_future()
+        await bus.subscribe(subjects.state("worker-1"), lambda m, _: got.done() or not ok(m) or got.set_result(m),
+                            expect=NodeState)
+        try:
+            return await asyncio.wait_for(got, timeout_s)
+        finally:
+            await bus.close()
+
+    return asyncio.run(go())
+
+
+def control_request(stack, msg: ControlMsg) -> ControlReply:
+    return decode_as(request(stack.url_for("admin"), subjects.control("worker-1"), encode(msg, "test")), ControlReply)
+
+
+def test_control_switches_the_policy_at_runtime_acknowledged_by_the_worker(stack):
+    # Last in this module: it leaves the node on DQoES with its default parameters but one.
+    r = dqoes("control", "--nats", stack.url_for("admin"), "policy=learned", "--json")
+    assert r.returncode == 0, r.stderr
+    reply = last_json(r.stdout)["nodes"]["worker-1"]
+    assert reply["ok"] and reply["policy"] == "learned" and reply["changed"] == ["policy"]
+    assert "half_life_s" in reply["params"] and "beta" not in reply["params"]  # learned's own parameters
+    before = node_state(stack.url, lambda ns: ns.policy == "learned")
+    after = node_state(stack.url, lambda ns: ns.round > before.round)  # rounds go on under the new policy
+    assert after.policy == "learned" and after.params == reply["params"]
+    assert "policy now learned (was dqoes), set by control" in (stack.run_dir / "worker-worker-1.log").read_text()
+
+    # An unknown policy: one line from the CLI, nothing sent; the worker refuses one sent anyway.
+    r = dqoes("control", "--nats", stack.url_for("admin"), "policy=nonsense")
+    assert r.returncode == 2 and "unknown policy 'nonsense'" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    refused = control_request(stack, ControlMsg(policy="nonsense"))
+    assert not refused.ok and "unknown policy 'nonsense'" in refused.error
+    assert refused.policy == "learned" and refused.changed == ()
+    # A switch with a parameter the new policy lacks changes nothing either, the policy included.
+    refused = control_request(stack, ControlMsg(policy="dqoes", params={"half_life_s": 5.0}))
+    assert not refused.ok and "half_life_s" in refused.error and refused.policy == "learned"
+    assert node_state(stack.url).policy == "learned"
+
+    # Back to the paper's algorithm with a parameter of its own, in one message.
+    r = dqoes("control", "--nats", stack.url_for("admin"), "policy=dqoes", "beta=0.3", "--json")
+    assert r.returncode == 0, r.stderr
+    reply = last_json(r.stdout)["nodes"]["worker-1"]
+    assert reply["ok"] and reply["policy"] == "dqoes" and reply["changed"] == ["beta", "policy"]
+    assert reply["params"]["beta"] == 0.3 and "half_life_s" not in reply["params"]
+    assert node_state(stack.url, lambda ns: ns.policy == "dqoes").params["beta"] == 0.3
+    assert "dqoes" in dqoes("control", "--nats", stack.url_for("admin")).stdout.split()

@@ -142,6 +142,7 @@ SAMPLES: dict[str, schema.Message] = {
                 limit=0.2,
                 cpu_share=0.2,
                 managed=True,
+                objective_source="label",
             ),
             ContainerState(
                 container="minilm", objective_s=10.0, latency_s=13.5, cls=Cls.B, slack_s=-3.5
@@ -156,7 +157,7 @@ SAMPLES: dict[str, schema.Message] = {
     ),
     "objective": ObjectiveAssign(container="resnet.1", objective_s=40.0, alpha=0.05, revision=3),
     "control": ControlMsg(alpha=0.2, beta=0.15, initial_interval_s=5.0, max_interval_s=80.0,
-                          params={"dead_band": 0.05}),
+                          params={"dead_band": 0.05}, policy="learned"),
     "control_reply": ControlReply(node="node-a", policy="dqoes", ok=True,
                                   params={"alpha": 0.2, "beta": 0.15}, changed=("alpha", "beta")),
     "progress": Progress(job="job-1", node="node-a", value=1.25, epoch=3, step=120, eval_fn="cross entropy",
@@ -183,9 +184,10 @@ def as_before_v3(msg):
         return dataclasses.replace(
             msg, met=None, cpu_cores_used=None, cpu_cores_idle=None,
             containers=tuple(dataclasses.replace(c, met=None, cpu_cores_used=None, throttled_ratio=None,
-                                                 last_batch_at=None) for c in msg.containers))
+                                                 last_batch_at=None, objective_source=None)
+                             for c in msg.containers))
     if isinstance(msg, ControlMsg):
-        return dataclasses.replace(msg, params={})
+        return dataclasses.replace(msg, params={}, policy=None)
     if isinstance(msg, LatencyEvent):  # added later within v3, optional like the others
         return dataclasses.replace(msg, follows_limit=False)
     return msg
@@ -939,3 +941,11 @@ def test_aggregate_adds_up_the_three_numbers_and_says_when_no_node_reports_them(
     none = aggregate([old], at=20.0)
     assert none.met_total is None and none.cpu_cores_used_total is None and none.cpu_cores_idle_total is None
     assert ClusterState.from_json(c.to_json()) == c
+
+
+def test_an_objective_source_is_target_or_label():
+    ns = dataclasses.replace(SAMPLES["node_state"], containers=(
+        ContainerState(container="c1", objective_s=5.0, objective_source="target"),))
+    assert schema.decode_envelope(schema.encode(ns, "t")).msg == ns
+    with pytest.raises(SchemaError, match="objective_source"):
+        ContainerState(container="c1", objective_s=5.0, objective_source="somewhere")

@@ -29,12 +29,18 @@ KEY = {"policy": "dqoes", "settings": {"alpha": 0.1}}
 def worker(params_file, key=KEY, policy: str = "dqoes") -> Worker:
     """A fresh worker process, as a restart makes it: a new policy at its configured settings."""
     runtime = make_runtime(RuntimeSettings(kind="sim", node="n1", scenario=parse_scenario(SCENARIO)))
-    ctrl = NodeController("n1", runtime.cores, registry.build(policy, {}, PolicyContext(runtime.latency_curve)))
+
+    def build(name):
+        if name not in registry.names():
+            raise ValueError(f"unknown policy {name!r}")
+        return registry.build(name, {}, PolicyContext(runtime.latency_curve))
+
+    ctrl = NodeController("n1", runtime.cores, build(policy))
 
     async def publish(subject, msg):
         pass
 
-    return Worker("n1", runtime, ctrl, publish, params_file=str(params_file), params_key=key)
+    return Worker("n1", runtime, ctrl, publish, params_file=str(params_file), params_key=key, policy_factory=build)
 
 
 @pytest.fixture
@@ -91,3 +97,18 @@ def test_the_worker_names_unknown_parameters_as_the_registry_does(kept):
             registry.check_names(policy, ["zeta", "beta_x"])
         assert reply.ok is False and reply.error == str(e.value)
         assert reply.error.endswith(f"(it has: {', '.join(registry.param_names(policy))})")
+
+
+def test_a_restarted_worker_keeps_the_policy_control_switched_to(kept):
+    first = worker(kept)
+    assert first.on_control(ControlMsg(alpha=0.25)).ok
+    reply = first.on_control(ControlMsg(policy="learned", params={"half_life_s": 30.0}))
+    assert reply.ok and reply.policy == "learned" and reply.changed == ("half_life_s", "policy")
+    assert first.controlled == {"half_life_s": 30.0}  # what was set on DQoES does not carry over
+    again = worker(kept)
+    assert again.ctrl.policy.name == "learned" and again.ctrl.policy.params.half_life_s == 30.0
+    assert not again.on_control(ControlMsg(policy="nonsense")).ok
+    assert worker(kept).ctrl.policy.name == "learned"  # a refused switch keeps nothing
+    # Started with other flags, the worker runs what it was started with.
+    assert worker(kept, key={"policy": "dqoes", "settings": {"alpha": 0.15}}).ctrl.policy.name == "dqoes"
+    assert not kept.exists()

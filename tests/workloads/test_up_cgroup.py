@@ -35,11 +35,11 @@ SMALL = {
 
 def test_problems_are_named_before_anything_starts():
     sc = parse_scenario(SMALL)
-    ok = dict(twin=False, policy="dqoes", euid=0, has_torch=True)
+    ok = dict(compare=False, policy="dqoes", euid=0, has_torch=True)
     assert cgroup_up_problem(sc, **ok) is None
     assert "needs root" in cgroup_up_problem(sc, **{**ok, "euid": 1000})
     assert "workloads" in cgroup_up_problem(sc, **{**ok, "has_torch": False})
-    assert "--twin" in cgroup_up_problem(sc, **{**ok, "twin": True})
+    assert "--compare" in cgroup_up_problem(sc, **{**ok, "compare": True})
     assert "oracle" in cgroup_up_problem(sc, **{**ok, "policy": "oracle"})
     odd = parse_scenario({**SMALL, "models": [{"name": "mine", "work_cpu_s": 1.0}],
                           "containers": [{"name": "x", "model": "mine", "objective_s": 5}]})
@@ -62,7 +62,7 @@ def test_up_runs_real_inference_processes_and_limits_them(tmp_path, cgroup_root)
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "services.cli.main", "up", "--runtime", "cgroup", "--scenario", str(f),
-         "--batch", "4", "--resolution", "96", "--json", "--no-dashboard", "--run-dir", str(run_dir)],
+         "--policy", "dqoes", "--batch", "4", "--resolution", "96", "--json", "--no-dashboard", "--run-dir", str(run_dir)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
     )
     version = cgroupfs.cpu_version(cgroupfs.DEFAULT_ROOT)
