@@ -2,7 +2,7 @@
 
 The attack (issue 62, item 5): as `nobody`, create `D/auth/admin.creds.tmp -> D/loot`, then wait for
 root to run `dqoes auth init --dir D/auth` (or `dqoes up --data-dir` under a shared directory), and
-read the admin password from D/loot, a file nobody owns. Played here for real: a forked child turns
+read the admin key from D/loot, a file nobody owns. Played here for real: a forked child turns
 into `nobody` (os.setuid) and prepares the trap, then the command runs as the test's user (root).
 """
 
@@ -106,7 +106,7 @@ def test_in_a_shared_sticky_directory_a_fresh_auth_directory_is_ours_and_unreada
     assert r.returncode == 0, r.stderr
     d = shared_dir / "mine" / "auth"
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700 and os.stat(d).st_uid == 0
-    secret = auth.load(d / "admin.creds").password
+    secret = auth.load(d / "admin.creds").seed
     assert all(stat.S_IMODE(os.stat(f).st_mode) == 0o600 for f in d.iterdir())
 
     def read_it() -> None:
@@ -147,7 +147,7 @@ def test_a_leftover_link_at_a_temporary_name_is_never_followed(tmp_path):
             os.symlink(tmp_path / f"loot-{name}", d / f".{name}.tmp")
     auth.ensure(d, rotate=True)
     assert not list(tmp_path.glob("loot*"))
-    assert auth.load(d / "admin.creds").user == "admin"
+    assert auth.load(d / "admin.creds").identity == "admin"
     target = d / "client.creds"
     target.unlink()
     os.symlink(tmp_path / "loot-target", target)  # a link at the target itself is replaced, not followed
