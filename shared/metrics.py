@@ -42,6 +42,7 @@ class WorkerCounters:
     latencies: int
     ignored_latencies: int
     bus_dropped: int
+    forged_latencies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +76,8 @@ class WorkerCollector(Collector):
             ("dqoes_latency_events", "Batch latency events received from this node's containers.", c.latencies),
             ("dqoes_latency_events_ignored", "Latency events for unknown containers or another node.",
              c.ignored_latencies),
+            ("dqoes_latency_events_forged", "Latency events dropped because their body named another container "
+             "than their subject.", c.forged_latencies),
             ("dqoes_bus_dropped_messages", "Bus messages dropped because they did not decode.", c.bus_dropped),
         ):
             m = CounterMetricFamily(name, doc, labels=["node"])

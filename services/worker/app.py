@@ -192,7 +192,9 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         await control_bus.close()
         raise ConfigError(f"runtime {cfg.runtime}: {e}") from None
     # The hot path: tens of thousands of events a second, decoded and handled in batches.
-    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency)
+    # With subjects: the container an event speaks for is the one its subject names.
+    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency,
+                              with_subjects=True)
     await control_bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m),
                                 expect=ObjectiveAssign)
 
@@ -205,7 +207,8 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         metrics = MetricsServer()
         metrics.register(WorkerCollector(cfg.node, lambda: worker.last_state, lambda: WorkerCounters(
             rounds=worker.rounds, limit_changes=worker.limit_changes, latencies=worker.latencies,
-            ignored_latencies=worker.ignored_latencies, bus_dropped=bus.dropped)))
+            ignored_latencies=worker.ignored_latencies, bus_dropped=bus.dropped,
+            forged_latencies=worker.forged_latencies)))
         node_rounds = metrics.round_seconds.labels(cfg.node)
         worker.round_observers.append(node_rounds.observe)
         try:
