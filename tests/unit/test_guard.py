@@ -148,3 +148,24 @@ def test_no_policy_raises_a_container_that_claims_slow_batches_while_idle(case):
     if case["policy"] != "dqoes":
         # The policies that share the node out leave the CPU they took from the liar's siblings spare.
         assert raises_seen == 0, case["policy"]
+
+
+def test_the_kernels_throttling_counters_tell_a_held_back_container_from_an_idle_one():
+    """Same claims, same CPU use (a fifth of its limit, the node half idle); only the counters differ."""
+
+    def second_round(counters):
+        ctrl = NodeController("n1", 4.0, registry.build("dqoes", {}, PolicyContext()))
+        for name, objective_s in (("slow", 10.0), ("fast", 100.0)):
+            ctrl.add(name, 0.0, cpu_total_s=0.0, objective_s=objective_s, limit=0.5)
+        ctrl.run_round(0.0, {"slow": 0.0, "fast": 0.0}, counters(0))
+        ctrl.record_latency("slow", 20.0, 10.0)  # in B: twice its objective
+        ctrl.record_latency("fast", 10.0, 10.0)  # in G: R_G > 0, so DQoES raises the slow one
+        d = ctrl.run_round(10.0, {"slow": 4.0, "fast": 16.0}, counters(100))  # 0.1 and 0.4 of the node
+        return next(c for c in d.containers if c.name == "slow")
+
+    idle = second_round(lambda periods: {"slow": (periods, 0), "fast": (periods, periods)})
+    assert idle.old_limit == idle.new_limit == 0.5 and idle.reason.startswith("raise held")
+    throttled = second_round(lambda periods: {"slow": (periods, periods // 2), "fast": (periods, periods)})
+    assert throttled.new_limit > 0.5 and throttled.reason == "B: grow"
+    unmeasured = second_round(lambda periods: None)
+    assert unmeasured.new_limit == 0.5  # no counters: judged on its use, a fifth of its limit
