@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 
 from services.manager.logic import Manager
 from services.worker.logic import Worker
-from shared import schema
+from shared import schema, subjects
 from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.policy import PolicyContext
@@ -201,7 +201,7 @@ def door_latency(h: Harness, data: bytes) -> bool:
     assert fast == generic, f"decode_latency disagrees with decode on {data!r}: {fast!r} != {generic!r}"
     if fast is None:
         return False
-    h.worker.on_latencies([fast])
+    h.worker.on_latencies([(subjects.latency(fast.node, fast.container), fast)])
     return True
 
 

@@ -275,6 +275,16 @@ def creds_path(directory: str | os.PathLike[str], name: str) -> Path:
     return Path(directory) / f"{name}.creds"
 
 
+def peer_creds(creds_file: str | os.PathLike[str] | None, name: str) -> Path | None:
+    """The credentials file of identity `name` beside `creds_file` (a deployment keeps them all in one
+    directory); None where there is none. How a worker finds its node's inference identity, which the
+    processes it starts get instead of its own."""
+    if not creds_file:
+        return None
+    p = creds_path(Path(creds_file).parent, name)
+    return p if p.is_file() else None
+
+
 def config_path(directory: str | os.PathLike[str]) -> Path:
     return Path(directory) / CONFIG_NAME
 

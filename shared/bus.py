@@ -410,6 +410,7 @@ class Bus:
         max_batch: int = 2048,
         pending_msgs_limit: int = PENDING_MSGS_LIMIT,
         pending_bytes_limit: int = PENDING_BYTES_LIMIT,
+        with_subjects: bool = False,
     ) -> Subscription:
         """Call `handler(messages)` with every decoded message that arrived since the last call.
 
@@ -419,6 +420,8 @@ class Bus:
         payload: dropped, counted, logged like `subscribe`), and handed over in
         arrival order. The pending limits are set deliberately high, so a
         burst waits in memory instead of being dropped as a slow consumer.
+        `with_subjects`: the handler gets (subject, message) pairs, for a
+        subscriber that checks what a wildcard subject says against the body.
         """
         sub = Subscription(subject, None)
         try:
@@ -440,7 +443,7 @@ class Bus:
                     queue.task_done()
                     nsub._pending_size -= len(m.data)
                     try:
-                        out.append(decode(m.data))
+                        out.append((m.subject, decode(m.data)) if with_subjects else decode(m.data))
                     except SchemaError as e:
                         self._drop(sub, m.subject, e)
                 sub.delivered += len(out)

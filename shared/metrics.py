@@ -44,6 +44,7 @@ class WorkerCounters:
     ignored_latencies: int
     bus_dropped: int
     bus_refused_replies: int = 0
+    forged_latencies: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,8 @@ class WorkerCollector(Collector):
             ("dqoes_latency_events", "Batch latency events received from this node's containers.", c.latencies),
             ("dqoes_latency_events_ignored", "Latency events for unknown containers or another node.",
              c.ignored_latencies),
+            ("dqoes_latency_events_forged", "Latency events dropped because their body named another container "
+             "than their subject.", c.forged_latencies),
             ("dqoes_bus_dropped_messages", "Bus messages dropped because they did not decode.", c.bus_dropped),
             ("dqoes_bus_refused_replies", "Requests not answered: their reply subject was not an inbox.",
              c.bus_refused_replies),

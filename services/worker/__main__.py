@@ -81,6 +81,9 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     flag(ap, "--on-stop", "DQOES_ON_STOP", "restore", choices=("keep", "restore"),
          help="on a clean stop: restore the CPU limits the containers had before (default), or keep those "
          "in force")
+    flag(ap, "--inference-creds", "DQOES_INFERENCE_CREDS", None,
+         help="credentials file the processes this worker starts connect with (the node's inference identity; "
+         "default: inference-NODE.creds beside --creds); they never get the worker's")
     flag(ap, "--state-dir", "DQOES_STATE_DIR_WORKER", None,
          help="directory keeping, across restarts, the containers' original limits (for --on-stop restore) "
          "and what `dqoes control` set (docs/operations.md)")
@@ -93,7 +96,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         ap.error("--time-scale must be > 0")
     params = _params(ap, a.param)
     return WorkerConfig(
-        nats_url=nats_url(ap, a), nats_creds=a.creds, on_stop=a.on_stop, state_dir=a.state_dir,
+        nats_url=nats_url(ap, a), nats_creds=a.creds, inference_creds=a.inference_creds, on_stop=a.on_stop, state_dir=a.state_dir,
         node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
         seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
         initial_interval_s=a.interval, params=params, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,

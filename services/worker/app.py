@@ -16,7 +16,7 @@ from typing import Any
 
 from services.worker.logic import Worker
 from services.worker.training import SPLITS, TrainingSide
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus, BusError, Incoming
 from shared.core import registry
 from shared.core.controller import NodeController
@@ -25,13 +25,14 @@ from shared.core.policy import Policy, PolicyContext
 from shared.metrics import MetricsServer, WorkerCollector, WorkerCounters
 from shared.publisher import LatencyPublisher
 from shared.runtime.base import Runtime, RuntimeFailure
-from shared.runtime.factory import RuntimeSettings, make_runtime
+from shared.runtime.factory import RuntimeSettings, make_runtime, strip_credentials
 from shared.scenarios.builtin import load
 from shared.scenarios.spec import Scenario, ScenarioError
 from shared.schema import (
     ControlMsg,
     JobDone,
     Launch,
+    LaunchReply,
     ObjectiveAssign,
     Progress,
     decode_latency,
@@ -46,7 +47,10 @@ class WorkerConfig:
     node: str
     nats_url: str = "nats://127.0.0.1:4222"
     nats_creds: str | None = None
-    """The credentials file the worker connects with (its path is handed to inference processes)."""
+    """The credentials file the worker connects with (the worker's identity)."""
+    inference_creds: str | None = None
+    """The credentials file the processes this worker starts connect with (the node's inference identity);
+    None: `inference-<node>.creds` beside `nats_creds`. They never get the worker's."""
     on_stop: str = "restore"
     """On a clean stop: "keep" the limits in force, or "restore" what the containers had before."""
     state_dir: str | None = None
@@ -112,13 +116,31 @@ def load_scenario(cfg: WorkerConfig) -> Scenario | None:
     return load(cfg.scenario, cfg.seed)
 
 
+def inference_identity(cfg: WorkerConfig) -> tuple[str, str | None]:
+    """(URL, credentials file) the inference processes and training jobs this worker starts connect with.
+
+    The node's inference identity: it may publish only its node's batches and progress, where the
+    worker's may move limits. ConfigError where the worker has credentials but that identity has none
+    (its processes would otherwise have to carry the worker's)."""
+    url = strip_credentials(cfg.nats_url)
+    creds = cfg.inference_creds or auth.peer_creds(cfg.nats_creds, auth.identity_name("inference", cfg.node))
+    if creds is not None:
+        return url, str(creds)
+    if cfg.nats_creds or auth.user_of(cfg.nats_url) is not None:
+        raise ConfigError(f"no credentials for inference-{cfg.node}, which the processes this worker starts "
+                          "connect as: give --inference-creds (they never get the worker's)")
+    return cfg.nats_url, None
+
+
 def runtime_settings(cfg: WorkerConfig, scenario: Scenario | None) -> RuntimeSettings:
+    starts = cfg.runtime == "cgroup" and scenario is not None
+    url, creds = inference_identity(cfg) if starts else (cfg.nats_url, None)
     return RuntimeSettings(
         kind=cfg.runtime, node=cfg.node, cores=cfg.cores, scenario=scenario, seed=cfg.seed,
         time_scale=cfg.time_scale, start_at=cfg.start_at, cgroup_root=cfg.cgroup_root,
         docker_url=cfg.docker_url, require_node_label=cfg.require_node_label, cpu_weights=cfg.cpu_weights,
-        workload_batch=cfg.workload_batch, workload_resolution=cfg.workload_resolution, nats_url=cfg.nats_url,
-        nats_creds=cfg.nats_creds,
+        workload_batch=cfg.workload_batch, workload_resolution=cfg.workload_resolution, nats_url=url,
+        nats_creds=creds,
     )
 
 
@@ -153,6 +175,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
             registry.build_training(cfg.training_policy)
         if cfg.training_split not in SPLITS:
             raise ValueError(f"training split must be one of {', '.join(SPLITS)}")
+        rsettings = runtime_settings(cfg, scenario)  # ConfigError before anything connects
     except (ScenarioError, ValueError) as e:
         raise ConfigError(str(e)) from None
     bus = await Bus.connect(cfg.nats_url, f"worker-{cfg.node}")
@@ -170,7 +193,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
 
     runtime = None
     try:
-        runtime = make_runtime(runtime_settings(cfg, scenario), on_batch)
+        runtime = make_runtime(rsettings, on_batch)
         await runtime.start()
         policy = registry.build(cfg.policy, settings, PolicyContext(runtime.latency_curve))
         ctrl = NodeController(cfg.node, runtime.cores, policy)
@@ -202,7 +225,9 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         await control_bus.close()
         raise ConfigError(f"runtime {cfg.runtime}: {e}") from None
     # The hot path: tens of thousands of events a second, decoded and handled in batches.
-    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency)
+    # With subjects: the container an event speaks for is the one its subject names.
+    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency,
+                              with_subjects=True)
     await control_bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m),
                                 expect=ObjectiveAssign)
 
@@ -216,7 +241,8 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         metrics.register(WorkerCollector(cfg.node, lambda: worker.last_state, lambda: WorkerCounters(
             rounds=worker.rounds, limit_changes=worker.limit_changes, latencies=worker.latencies,
             ignored_latencies=worker.ignored_latencies, bus_dropped=bus.dropped,
-            bus_refused_replies=bus.refused_replies + control_bus.refused_replies)))
+            bus_refused_replies=bus.refused_replies + control_bus.refused_replies,
+            forged_latencies=worker.forged_latencies)))
         node_rounds = metrics.round_seconds.labels(cfg.node)
         worker.round_observers.append(node_rounds.observe)
         try:
@@ -238,8 +264,19 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
             if side.is_due(side.clock()):
                 worker.wake.set()
 
+        try:
+            job_url, job_creds = inference_identity(cfg)
+            if job_creds is not None:  # a job in a container cannot read the file: its URL carries the identity
+                job_url = auth.with_credentials(job_url, auth.load(job_creds))
+            refused = ""
+        except (ConfigError, auth.AuthError) as e:
+            job_url, job_creds, refused = "", None, str(e)
+
         async def on_launch(m: Launch, incoming: Any) -> None:
-            await bus.reply(incoming, await side.launch(m, cfg.nats_url, cfg.nats_creds))
+            if refused:
+                await bus.reply(incoming, LaunchReply(ok=False, node=cfg.node, job=m.job, error=refused))
+                return
+            await bus.reply(incoming, await side.launch(m, job_url, job_creds))
 
         await bus.subscribe(subjects.progress_of_node(cfg.node), on_progress, expect=(Progress, JobDone))
         await bus.subscribe(subjects.launch(cfg.node), on_launch, expect=Launch)

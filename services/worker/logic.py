@@ -100,6 +100,9 @@ class Worker:
         self.rounds = 0
         self.latencies = 0
         self.ignored_latencies = 0
+        self.forged_latencies = 0
+        """Latency events dropped because the body named another container than the subject."""
+        self._latency_prefix = subjects.latency_of_node(node)[:-1]
         self.limit_changes = 0
         self.round_observers: list[Callable[[float], None]] = []
         """Called with the wall seconds each round took (the metrics histogram)."""
@@ -144,10 +147,25 @@ class Worker:
             self._add(c)
         self.wake.set()
 
-    def on_latencies(self, msgs: list[LatencyEvent]) -> None:
-        """A batch of latency events, in arrival order (the bus's batch subscription)."""
-        for m in msgs:
-            self.on_latency(m)
+    def on_latencies(self, msgs: list[tuple[str, LatencyEvent]]) -> None:
+        """A batch of (subject, latency event) pairs, in arrival order (the bus's batch subscription).
+
+        A container speaks only for itself: the subject (`dqoes.latency.<node>.<container>`) is what
+        its identity may publish on, the body only repeats it. An event whose body names another
+        container (a container making a sibling look slow, to take its CPU) is dropped, counted in
+        `forged_latencies` and logged at a bounded rate.
+        """
+        skip = len(self._latency_prefix)
+        on_latency = self.on_latency
+        for subject, m in msgs:
+            said = subject[skip:]
+            name = m.container
+            if said == name or said == name.replace(".", "~"):
+                on_latency(m)
+                continue
+            self.forged_latencies += 1
+            self.refusals.log("forged", "latency event dropped: sent on %s but names container %r "
+                              "(a container speaks only for itself)", subject, name)
 
     def on_latency(self, msg: LatencyEvent) -> None:
         self.latencies += 1
@@ -337,14 +355,18 @@ class Worker:
     async def step(self) -> Decision | None:
         """Run a round if one is due; publish the state if it is time. Returns the decision."""
         decision = None
+        counters: dict[str, Throttling] | None = None
         if self._release:
             await self._release_limits()
         now = self.clock()
         if self.ctrl.managed and self.ctrl.due(now):
             started = time.perf_counter()
             totals = await self._cpu_totals()
+            counters = await self._throttling()
             now, ran_at = self.clock(), self.wall()
-            decision = self.ctrl.run_round(now, totals)
+            # Throttling lets the guard tell a container its limit holds back from one that only says so.
+            decision = self.ctrl.run_round(now, totals, {n: (t.periods, t.throttled_periods)
+                                                         for n, t in (counters or {}).items()})
             self.rounds += 1
             await self._apply(decision)
             took_s = time.perf_counter() - started
@@ -357,7 +379,7 @@ class Worker:
             if await self.training.step(self.inference_reserved()) is None and state_due and self.training.jobs:
                 await self.publish(subjects.training(self.node), self.training.state())
         if state_due:
-            await self._read_throttling()
+            self._read_throttling(counters if decision is not None else await self._throttling())
             self.last_state = self.node_state()
             await self.publish(subjects.state(self.node), self.last_state)
             self._next_state_wall = self.wall() + self.state_interval_s
@@ -398,12 +420,17 @@ class Worker:
         """A limit (fraction of the node) as cores, for a log line."""
         return "none" if limit is None else f"{limit * self.ctrl.cores:.2f}"
 
-    async def _read_throttling(self) -> None:
-        """Throttled share of CFS periods since the previous reading, per container."""
+    async def _throttling(self) -> dict[str, Throttling] | None:
+        """The runtime's cumulative throttling counters (None: it could not read them)."""
         try:
-            now = await self.runtime.throttling()
+            return await self.runtime.throttling()
         except RuntimeFailure as e:
             log.debug("could not read throttling counters: %s", e)
+            return None
+
+    def _read_throttling(self, now: dict[str, Throttling] | None) -> None:
+        """Throttled share of CFS periods since the previous reading, per container."""
+        if now is None:
             return
         ratios: dict[str, float] = {}
         for name, t in now.items():

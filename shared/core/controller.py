@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from shared.core.guard import Measured, cap_raises, is_raise
 from shared.core.policy import Policy
 from shared.core.types import (
     CLS_S,
@@ -94,6 +95,10 @@ class Tracked:
     """Its threads follow its limit, as its latest batch reported."""
     recent: list[BatchObs] = field(default_factory=list)
     """Batches finished since the last round (at most MAX_RECENT, newest last)."""
+    throttle_base: tuple[int, int] | None = None
+    """CFS periods and throttled periods at the last round (None: not measured)."""
+    throttled_ratio: float | None = None
+    """Share of its CFS periods throttled between the last two rounds (None: not measured)."""
 
     @property
     def managed(self) -> bool:
@@ -284,9 +289,20 @@ class NodeController:
         event, self._event = self._event, None
         return NodeView(self.node, self.cores, now_s, tuple(views), event)
 
-    def run_round(self, now_s: float, cpu_totals_s: Mapping[str, float]) -> Decision:
-        """One control round. The caller applies `decision.changes` to its runtime."""
+    def run_round(self, now_s: float, cpu_totals_s: Mapping[str, float],
+                  throttling: Mapping[str, tuple[int, int]] | None = None) -> Decision:
+        """One control round. The caller applies `decision.changes` to its runtime.
+
+        `throttling`: each container's cumulative CFS periods and throttled periods, where the
+        runtime measures them. Whatever the policy decides, a raise that the container's measured
+        use does not justify is held (shared/core/guard.py)."""
+        self._throttled(throttling or {})
         decision = self.policy.decide(self.view(now_s, cpu_totals_s))
+        raised = [c.name for c in decision.containers if is_raise(c.old_limit, c.new_limit)]
+        if raised:
+            cs = self.containers
+            measured = {n: Measured(cs[n].cpu_share, cs[n].throttled_ratio) for n in raised}
+            decision = cap_raises(decision, measured, self._spare())
         for c in decision.containers:
             t = self.containers[c.name]
             if c.cls is not t.cls:
@@ -298,3 +314,24 @@ class NodeController:
         self.last_decision = decision
         self.next_round_at_s = now_s + decision.interval_s
         return decision
+
+    def _throttled(self, throttling: Mapping[str, tuple[int, int]]) -> None:
+        for t in self.containers.values():
+            now = throttling.get(t.name)
+            base, t.throttle_base = t.throttle_base, now
+            if now is None or base is None:
+                t.throttled_ratio = None
+                continue
+            periods, throttled = now[0] - base[0], now[1] - base[1]
+            # Counters that went back: a new group under the same name (not measured this time).
+            ok = periods >= 0 and throttled >= 0
+            t.throttled_ratio = (min(1.0, throttled / periods) if periods else 0.0) if ok else None
+
+    def _spare(self) -> float | None:
+        """The node's CPU no container used over the last interval (None: some use not measured)."""
+        used = 0.0
+        for t in self.containers.values():
+            if t.cpu_share is None:
+                return None
+            used += t.cpu_share
+        return max(0.0, 1.0 - used)

@@ -19,12 +19,12 @@ import pytest
 from services.manager.app import ManagerConfig
 from services.manager.app import run as run_manager
 from services.worker.app import WorkerConfig, build, serve
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus
 from shared.schema import JobDone, Progress, TrainingState
 
 
-def test_submit_starts_a_training_container_on_the_chosen_engine(docker_client, workload_image, nats_url):
+def test_submit_starts_a_training_container_on_the_chosen_engine(docker_client, workload_image, nats_url, nats_auth):
     import docker
 
     run_id = uuid.uuid4().hex[:6]
@@ -36,8 +36,10 @@ def test_submit_starts_a_training_container_on_the_chosen_engine(docker_client, 
         mgr = asyncio.create_task(run_manager(ManagerConfig(nats_url=nats_url, bucket=f"dtrain_{run_id}"),
                                               started=started))
         await asyncio.wait_for(started.wait(), 10)
+        # The session server has no inference identity for this node: the test user stands in for it.
         app = await build(WorkerConfig(node=node, nats_url=nats_url, runtime="docker", cores=1.0,
-                                       require_node_label=True, initial_interval_s=1.0, state_interval_s=0.5))
+                                       require_node_label=True, initial_interval_s=1.0, state_interval_s=0.5,
+                                       inference_creds=str(auth.creds_path(nats_auth, "test"))))
         serving = asyncio.create_task(serve(app, handle_signals=False))
         bus = await Bus.connect(nats_url, "test-docker-training")
         got: list = []

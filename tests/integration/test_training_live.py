@@ -21,7 +21,7 @@ import pytest
 from services.manager.app import ManagerConfig
 from services.manager.app import run as run_manager
 from services.worker.app import WorkerConfig, build, serve
-from shared import schema, subjects
+from shared import auth, schema, subjects
 from shared.bus import Bus
 from shared.schema import JobDone, Progress, TrainingState
 
@@ -33,7 +33,7 @@ async def _submit(bus: Bus, body: dict | bytes) -> dict:
     return orjson.loads(await bus.request(subjects.SUBMIT, data, timeout_s=30.0))
 
 
-def test_submit_places_runs_and_survives_bad_input(nats_url, cgroup_root, caplog):
+def test_submit_places_runs_and_survives_bad_input(nats_url, nats_auth, cgroup_root, caplog):
     caplog.set_level(logging.INFO)
 
     async def go() -> None:
@@ -42,8 +42,11 @@ def test_submit_places_runs_and_survives_bad_input(nats_url, cgroup_root, caplog
         mgr = asyncio.create_task(run_manager(ManagerConfig(nats_url=nats_url, bucket="training_test",
                                                             placement="flowcon"), started=started))
         await asyncio.wait_for(started.wait(), 10)
+        # The session server has no inference identity for w1 and w2: the test user stands in for it.
+        jobs_creds = str(auth.creds_path(nats_auth, "test"))
         apps = [await build(WorkerConfig(node=n, nats_url=nats_url, runtime="cgroup", cores=1.0,
-                                         initial_interval_s=1.0, state_interval_s=0.5, training_stale_s=3.0))
+                                         initial_interval_s=1.0, state_interval_s=0.5, training_stale_s=3.0,
+                                         inference_creds=jobs_creds))
                 for n in ("w1", "w2")]
         serving = [asyncio.create_task(serve(a, handle_signals=False)) for a in apps]
         bus = await Bus.connect(nats_url, "test-client")
