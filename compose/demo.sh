@@ -2,7 +2,7 @@
 # The compose cluster demo (`make compose-demo`): bring up compose/docker-compose.yml,
 # set objectives through dqoes.targets, print the satisfied count as it evolves,
 # print a summary and tear everything down (also on Ctrl-C or an error).
-# See docs/compose.md.
+# See docs/guide/compose.md.
 set -euo pipefail
 # shellcheck source=compose/lib.sh
 source "$(cd "$(dirname "$0")" && pwd)/lib.sh"

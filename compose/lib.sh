@@ -41,7 +41,7 @@ py=python3
 [ -x "$repo/.venv/bin/python" ] && py="$repo/.venv/bin/python"
 progress() { "$py" "$here/progress.py" "$@"; }
 
-# Credentials (docs/security.md): made once per deployment name, kept outside the
+# Credentials (docs/guide/security.md): made once per deployment name, kept outside the
 # repository ($DQOES_AUTH_DIR, else ~/.local/state/dqoes/NAME/auth), for the given
 # nodes. Exports DQOES_AUTH_DIR (the compose files mount from it) and
 # DQOES_NATS_CREDS (the client's: what the dqoes CLI on this host speaks as).

@@ -4,7 +4,7 @@
 # it evolves, the limits the worker set on the task containers, then
 # `docker stack rm` (also on Ctrl-C or an error). A swarm this script
 # initialised is left again at the end; one that was already active stays.
-# See docs/compose.md.
+# See docs/guide/compose.md.
 set -euo pipefail
 # shellcheck source=compose/lib.sh
 source "$(cd "$(dirname "$0")" && pwd)/lib.sh"

@@ -467,7 +467,7 @@ def calibrate(opts: CalibrationOptions, log: Callable[[str], None]) -> Calibrati
             out.write_text(json.dumps(doc, indent=1) + "\n")
         else:
             out.write_text(to_toml(doc, header=(
-                "Model profiles measured by `dqoes calibrate` (docs/calibration.md).\n"
+                "Model profiles measured by `dqoes calibrate` (docs/guide/calibration.md).\n"
                 "Use: `profiles = \"<this file>\"` in a scenario file, `dqoes experiment run --profiles <this file>`,\n"
                 "or DQOES_PROFILES=<this file>. [calibration] keeps the raw batches.")))
         log(f"profiles written to {out}")

@@ -860,7 +860,7 @@ def render_markdown(d: dict[str, Any], plot_rel: str | None, begin: str = BEGIN,
     if off := profiles_off(d):
         lines.append(f"The profiles do not hold on this machine ({'; '.join(off)}): the objectives and the "
                      "simulator's forecast came from them. `dqoes calibrate` measures them again "
-                     "(docs/calibration.md).")
+                     "(docs/guide/calibration.md).")
         lines.append("")
     lines.append("Final CPU split (cores, mean over the final window; real from each workload's cgroup, "
                  "simulated from the model):")

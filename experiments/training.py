@@ -105,7 +105,7 @@ def render_report(data: Mapping[str, Any]) -> str:
     lines = [REPORT_BEGIN, ""]
     lines.append(
         "Per built-in training scenario, from `python -m lab training-report` (simulator, the training "
-        "profiles of docs/training.md): makespan (first submission to last completion) and mean completion time "
+        "profiles of docs/guide/training.md): makespan (first submission to last completion) and mean completion time "
         "(submission to completion, averaged over the jobs), FlowCon vs default Swarm on the same jobs and "
         "submission times for each seed, the means over the seeds, FlowCon's change, and the paper's figure. "
         "\"Faster\" counts the jobs FlowCon finished sooner than default, per seed."

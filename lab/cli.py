@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         "calibrate-training", help="fit the simulator's training-job profiles to the real workloads' loss curves",
         description="Run each real training task alone (one thread) for --epochs epochs, fit "
         "E(e) = floor + (start - floor) exp(-rate e) to its epoch losses, and write profiles for the simulator "
-        "(CPU per epoch scaled to paper-length jobs; docs/training.md). Progress goes to stderr.")
+        "(CPU per epoch scaled to paper-length jobs; docs/guide/training.md). Progress goes to stderr.")
     p.add_argument("--models", default="vae,cnn,mlp,lstm,gru", help="comma-separated (default: all five)")
     p.add_argument("--epochs", type=int, default=30, help="epochs per task (default 30)")
     p.add_argument("--out", metavar="TOML", help="write the fitted profiles here")

@@ -6,7 +6,7 @@ thread, records the mean loss and CPU-seconds of every epoch, and fits
 E(e) = floor + (start - floor) x exp(-rate x e) by least squares (for each
 rate on a grid, floor and amplitude are linear). The fit's residuals give
 the per-report noise. The CPU per epoch is measured here; the built-in
-scenarios scale it (docs/training.md says how) to the paper's job lengths.
+scenarios scale it (docs/guide/training.md says how) to the paper's job lengths.
 """
 
 from __future__ import annotations

@@ -421,7 +421,7 @@ def add_arguments(sub: object) -> None:
     import argparse
 
     assert isinstance(sub, argparse._SubParsersAction)
-    p = sub.add_parser("auth", help="NATS credentials and permissions of a deployment (docs/security.md)",
+    p = sub.add_parser("auth", help="NATS credentials and permissions of a deployment (docs/guide/security.md)",
                        description="Create, list and rotate the per-role NATS credentials of a deployment "
                        "and the nats-server configuration that enforces their permissions.")
     add_actions(p)

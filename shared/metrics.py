@@ -12,7 +12,7 @@ reads an immutable snapshot at scrape time (the worker's latest published
 that leave disappear from the next scrape instead of lingering as stale
 label sets, and the HTTP thread never walks the asyncio side's mutable
 dicts. Names follow Prometheus conventions: base units (`_seconds`,
-`_cores`, ratios in 0..1), `_total` for counters; docs/metrics.md lists them.
+`_cores`, ratios in 0..1), `_total` for counters; docs/reference/metrics.md lists them.
 """
 
 from __future__ import annotations

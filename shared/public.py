@@ -12,7 +12,7 @@ view (`dqoes.cluster.containers`) are small request/reply exchanges in the
 same style: requests with unknown fields are refused, replies carry "ok".
 
 Requests are parsed strictly and never raise anything but `SchemaError`
-with a one-line reason a person can act on. Shapes: docs/api.md.
+with a one-line reason a person can act on. Shapes: docs/reference/api.md.
 """
 
 from __future__ import annotations

@@ -437,7 +437,7 @@ class TrainingState(Checked):
     """Worker -> manager and dashboard: the training side of a node after a round (Algorithm 4's input).
 
     `training_share` is the fraction of the node training jobs may use under
-    the worker's CPU split (docs/training.md); `alpha` FlowCon's threshold
+    the worker's CPU split (docs/guide/training.md); `alpha` FlowCon's threshold
     (-1: every job completing).
     """
 

@@ -111,7 +111,7 @@ def add_nats_flags(p: Any, identity: str = "client") -> None:
     """--nats and --creds for a command that talks to a running deployment."""
     p.add_argument("--nats", help="NATS URL (default: $DQOES_NATS_URL, the running `dqoes up`, localhost)")
     p.add_argument("--creds", help=f"credentials file ({identity} role; default: ${auth.CREDS_ENV}, "
-                   "else the running `dqoes up`'s; docs/security.md)")
+                   "else the running `dqoes up`'s; docs/guide/security.md)")
     add_deployment_flag(p)
 
 
@@ -124,7 +124,7 @@ async def connect(url: str, name: str) -> Bus:
     try:
         return await Bus.connect(url, name, connect_timeout_s=3.0)
     except BusError as e:
-        hint = ("wrong or missing credentials? (--creds, $DQOES_NATS_CREDS; docs/security.md)"
+        hint = ("wrong or missing credentials? (--creds, $DQOES_NATS_CREDS; docs/guide/security.md)"
                 if "authorization" in str(e).lower() else "is a deployment running? try `dqoes up`")
         raise CliError(f"{e} ({hint})") from None
 

@@ -198,7 +198,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
         help="a cluster with its label, e.g. dqoes=nats://127.0.0.1:4222 (repeatable)",
     )
     p.add_argument("--creds", metavar="FILE", help="credentials file (client role) for the clusters "
-                   f"(default: ${auth.CREDS_ENV}, else the running `dqoes up`'s; docs/security.md)")
+                   f"(default: ${auth.CREDS_ENV}, else the running `dqoes up`'s; docs/guide/security.md)")
     add_deployment_flag(p)
     p.add_argument("--no-live", action="store_true", help="recorded runs only; follow no cluster")
     p.add_argument(

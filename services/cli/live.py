@@ -110,7 +110,7 @@ async def observe(stacks: list[Stack], until_s: float | None, *, quiet: bool, ev
     try:
         while not stop.is_set():
             t = stacks[0].scenario_time_s()
-            for s in stacks:  # restart what died, with a backoff; one line each (docs/operations.md)
+            for s in stacks:  # restart what died, with a backoff; one line each (docs/guide/operations.md)
                 for line in s.supervise():
                     print(f"supervisor: {s.name}: {line}", file=sys.stderr if quiet else sys.stdout, flush=True)
             if until_s is not None and t >= until_s:
@@ -369,7 +369,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-dashboard", action="store_true", help="do not start the web dashboard")
     p.add_argument("--no-metrics", action="store_true",
                    help="do not serve Prometheus metrics (default: the manager and every worker serve "
-                   "/metrics on a free local port, printed at start; docs/metrics.md)")
+                   "/metrics on a free local port, printed at start; docs/reference/metrics.md)")
     p.add_argument("--dashboard-port", type=int, help="port of the web dashboard (default: a free one)")
     p.add_argument("--runs", metavar="DIR",
                    help=f"folder of timeline files the dashboard lists (default: ./{DEFAULT_RUNS_DIR})")

@@ -2,7 +2,7 @@
 
 Why apart from `live` (which runs a deployment): these commands speak only
 the bus contract, so they work the same against `dqoes up`, compose or Swarm,
-and a person can check every one of them against docs/api.md with the `nats`
+and a person can check every one of them against docs/reference/api.md with the `nats`
 CLI. `status`, `target` and `watch` use the public JSON subjects
 (`dqoes.cluster.*`, `dqoes.targets[.get|list|clear]`); `control` is the
 operator's request on `dqoes.control.<node>` (msgpack `ControlMsg`, answered
@@ -473,7 +473,7 @@ def cmd_watch(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction) -> None:
     nats_help = "NATS URL (default: $DQOES_NATS_URL, the running `dqoes up`, localhost)"
     creds_help = (f"credentials file, client role (default: ${auth.CREDS_ENV}, else the running `dqoes up`'s; "
-                  "docs/security.md)")
+                  "docs/guide/security.md)")
     p = sub.add_parser("status", help="the cluster: one row per node, then one per container",
                        description="The cluster summary (met, in band and CPU per node, G/S/B, Q values, interval) and, "
                        "like `docker ps`, every container: node, model, objective and alpha, latest latency, "
@@ -510,7 +510,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
 
     t = sub.add_parser("target", help="set, read, list or clear containers' objectives",
                        description="The objective lifecycle over the public subjects dqoes.targets and "
-                       "dqoes.targets.get|list|clear (docs/api.md).").add_subparsers(
+                       "dqoes.targets.get|list|clear (docs/reference/api.md).").add_subparsers(
         dest="action", required=True, metavar="ACTION")
     p = t.add_parser("set", help="set CONTAINER's objective to SECONDS per batch",
                      description="Send {container, objective[, alpha]} to dqoes.targets and print the reply.")
@@ -567,7 +567,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nats", help=nats_help)
     add_deployment_flag(p)
     p.add_argument("--creds", help="credentials file of an admin identity: only an admin may publish control "
-                   f"(default: ${auth.CREDS_ENV}, else the running `dqoes up`'s admin.creds; docs/security.md)")
+                   f"(default: ${auth.CREDS_ENV}, else the running `dqoes up`'s admin.creds; docs/guide/security.md)")
     p.add_argument("--json", action="store_true", help="print every node's reply as one JSON object")
     p.set_defaults(func=cmd_control)
 

@@ -86,7 +86,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
          "default: inference-NODE.creds beside --creds); they never get the worker's")
     flag(ap, "--state-dir", "DQOES_STATE_DIR_WORKER", None,
          help="directory keeping, across restarts, the containers' original limits (for --on-stop restore) "
-         "and what `dqoes control` set (docs/operations.md)")
+         "and what `dqoes control` set (docs/guide/operations.md)")
     a = ap.parse_args(argv)
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")

@@ -298,7 +298,7 @@ async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
     tasks = [asyncio.create_task(worker.follow_runtime(), name="runtime-events")]
     try:
         await worker.run()
-        await worker.on_stop(app.cfg.on_stop)  # a clean stop only; a crash leaves the limits (docs/operations.md)
+        await worker.on_stop(app.cfg.on_stop)  # a clean stop only; a crash leaves the limits (docs/guide/operations.md)
     finally:
         for t in tasks:
             t.cancel()

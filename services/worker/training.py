@@ -5,7 +5,7 @@ different signal (evaluation values, `Progress`) and are governed by a
 policy of another kind (`registry.names("training")`). A container labelled
 `dqoes.kind=training` belongs here; every other managed container stays with
 the inference controller. Both share the node; how its CPU is split between
-the two kinds (docs/training.md, "Inference and training on one node"):
+the two kinds (docs/guide/training.md, "Inference and training on one node"):
 
 - `inference-first` (default): inference containers have latency objectives,
   so they keep what their policy gives them; training jobs share the rest.

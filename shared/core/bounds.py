@@ -4,7 +4,7 @@ Why: one control message with `initial_interval_s` = 5e-324 drove a worker to
 about 500 rounds a second, and an objective of 5e-324 s was accepted (issue
 11). Each bound here is checked where a value enters (public requests, wire
 messages, container labels, policy parameters), so a value outside it is
-refused with a reason and changes nothing. docs/api.md lists them.
+refused with a reason and changes nothing. docs/reference/api.md lists them.
 
 Pure: numbers and one check function, no I/O.
 """

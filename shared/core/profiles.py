@@ -6,7 +6,7 @@ A profile's efficiency curve says how many CPU-seconds a batch costs when a
 CPU quota throttles it (real quotas are not free: on the project's machine a
 0.5-core quota doubled ResNet-50's CPU-seconds per batch). Built-in profiles
 start from one measurement and published FLOPs; `dqoes calibrate` replaces
-them with measurements (see docs/calibration.md once it exists).
+them with measurements (see docs/guide/calibration.md once it exists).
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def with_work(p: ModelProfile, factor: float) -> ModelProfile:
 
 def at_batch(p: ModelProfile, images: int, resolution_px: int) -> ModelProfile:
     """`p` for batches of `images` at `resolution_px`: its work per batch scaled linearly with the
-    images and with the pixels of each (a CNN's FLOPs grow with both; docs/calibration.md, "Profiles
+    images and with the pixels of each (a CNN's FLOPs grow with both; docs/guide/calibration.md, "Profiles
     at another batch size"). Overhead, efficiency and warm-up are kept; the same profile where
     nothing changes."""
     if not (isinstance(images, int) and images >= 1):

@@ -1,6 +1,6 @@
 """The DQoES paper's six experiments (section V) as built-in scenarios.
 
-The node model is derived in docs/scenarios.md ("The paper's node"); the
+The node model is derived in docs/reference/scenarios.md ("The paper's node"); the
 constants below are the outcome of that derivation, not tuning knobs.
 """
 
@@ -23,10 +23,10 @@ from shared.scenarios.spec import (
 )
 
 PAPER_NODE_CORES = 4.6
-"""Cores of the simulated paper worker (see docs/scenarios.md)."""
+"""Cores of the simulated paper worker (see docs/reference/scenarios.md)."""
 FIG2_NODE_CORES = 5.7
 """Cores of a node on which ten ResNet-50s sharing it evenly take the paper's measured 31.6 s a
-batch (Fig. 2): 18 CPU-s per batch / 31.6 s x 10 containers = 5.7 cores (docs/scenarios.md)."""
+batch (Fig. 2): 18 CPU-s per batch / 31.6 s x 10 containers = 5.7 cores (docs/reference/scenarios.md)."""
 PAPER_THREADS = 4
 """Intra-op threads of the paper's workloads (PyTorch uses the physical cores)."""
 PAPER_VARIED_OBJECTIVES_S = (75, 53, 61, 44, 31, 95, 82, 5, 13, 25)
@@ -181,7 +181,7 @@ STRESS: dict[str, Stress] = {
                                      follows=True),
 }
 """Variants of `random-cluster-40` for judging a policy beyond the setting it was developed on
-(`make bench-stress`; docs/scenarios.md, "Stress variants")."""
+(`make bench-stress`; docs/reference/scenarios.md, "Stress variants")."""
 
 
 def _random_cluster(name: str, seed: int | None, profiles: Mapping[str, ModelProfile] | None,

@@ -2,7 +2,7 @@
 
 A scenario is plain data (frozen dataclasses). It comes from a built-in (the
 paper's six experiments, see `shared.scenarios.builtin`) or from a user's TOML/JSON
-file whose schema is docs/scenarios.md. Loading validates everything and
+file whose schema is docs/reference/scenarios.md. Loading validates everything and
 reports the first problem as one line naming the field, so a typo never
 becomes a traceback or, worse, a silently different experiment.
 """

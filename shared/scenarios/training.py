@@ -10,7 +10,7 @@ workloads' curves by `python -m lab calibrate-training`), the CPU-seconds
 one epoch costs, how many cores it can use alone (its threads), the
 per-report noise of E, and how many epochs a job of this kind runs in the
 paper-scale scenarios. The numbers, and which were measured on this machine
-and which are assumed, are in docs/training.md.
+and which are assumed, are in docs/guide/training.md.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ class TrainingScenario:
 # and the noise are fitted; the CPU per epoch is the measured one x 51.7, so the mean job costs 500
 # CPU-seconds (a few minutes alone on a 4-core worker, the paper's scale); the demands are assumed
 # (the paper: jobs alone use 65-75% of a 4-vCPU worker). tests/unit/test_training_sim.py checks the
-# two agree. docs/training.md has the table.
+# two agree. docs/guide/training.md has the table.
 _FIT = "fitted to 30 measured epochs (2026-11-23, vm, 1 thread); CPU x51.7"
 BUILTIN_TRAINING_PROFILES: dict[str, TrainingProfile] = {
     p.name: p

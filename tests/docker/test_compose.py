@@ -135,7 +135,7 @@ async def node_state(url: str, node: str, timeout_s: float = 15) -> NodeState:
 def test_the_compose_file_is_valid(version):
     cmd = compose_v1() if version == "v1" else compose_v2()
     if cmd is None:
-        pytest.skip("the `docker compose` v2 plugin is not installed here (docs/compose.md)")
+        pytest.skip("the `docker compose` v2 plugin is not installed here (docs/guide/compose.md)")
     r = run([*cmd, "-f", str(COMPOSE_FILE), "-p", "dqoes-validate", "config"], check=True)
     cfg = r.stdout
     services = run([*cmd, "-f", str(COMPOSE_FILE), "-p", "dqoes-validate", "config", "--services"],

@@ -1,6 +1,6 @@
 """A non-Python client (nats.js) does the objective lifecycle through the public subjects only.
 
-`public_client.mjs` knows nothing of this project but docs/api.md: it lists
+`public_client.mjs` knows nothing of this project but docs/reference/api.md: it lists
 the containers (`dqoes.cluster.containers`), sets an objective for one it
 found (`dqoes.targets`), reads it back (`.get`, `.list`), clears it
 (`.clear`) and checks it is gone. The deployment is a real one (`Stack`:
