@@ -24,7 +24,7 @@ import pytest
 from engine_proxy import EngineProxy
 
 from services.worker.app import WorkerConfig, build, serve
-from shared import subjects
+from shared import auth, subjects
 from shared.bus import Bus
 from shared.public import parse_target_reply
 from shared.runtime import cgroupfs
@@ -77,7 +77,10 @@ class Cluster:
         env = {"DQOES_NATS_URL": self.nats_url, "DQOES_NODE": self.node, "DQOES_CONTAINER_NAME": name,
                "DQOES_MODEL": "mobilenetv2", "DQOES_BATCH": "8", "DQOES_RESOLUTION": "128",
                "DQOES_LOG_LEVEL": "warning"}
-        return self.containers.run(what, labels, command=INFERENCE, environment=env, network_mode="host")
+        creds = auth.creds_of(self.nats_url)  # the URL names a host file: the container gets it read-only
+        volumes = {creds: {"bind": creds, "mode": "ro"}} if creds else None
+        return self.containers.run(what, labels, command=INFERENCE, environment=env, network_mode="host",
+                                   volumes=volumes)
 
     def unlabelled(self, what: str) -> Any:
         return self.containers.run(what, managed=False, command=BUSY)

@@ -41,17 +41,17 @@ def test_inference_processes_get_the_nodes_inference_identity(tmp_path, scenario
     d = tmp_path / "auth"
     auth.ensure(d, ["n1"])
     cfg = worker(d, scenario_file)
-    worker_password = auth.load(auth.creds_path(d, "worker-n1")).password
-    assert worker_password in cfg.nats_url  # the worker itself connects as worker-n1
+    worker_file = str(auth.creds_path(d, "worker-n1"))
+    assert auth.creds_of(cfg.nats_url) == worker_file  # the worker itself connects as worker-n1
     scenario = load(scenario_file)
     settings = runtime_settings(cfg, scenario)
     argv = inference_argv(node_containers(scenario, "n1")[0], settings)
     assert argv[argv.index("--creds") + 1] == str(auth.creds_path(d, "inference-n1"))
     assert argv[argv.index("--nats") + 1] == "nats://127.0.0.1:4222"
-    assert not any(worker_password in a or "worker-n1" in a for a in argv)
+    assert not any(worker_file in a or "worker-n1" in a for a in argv)
     # Training jobs too: a file for a local process, the same identity in the URL for a container.
     url, creds = inference_identity(cfg)
-    assert creds == str(auth.creds_path(d, "inference-n1")) and "@" not in url
+    assert creds == str(auth.creds_path(d, "inference-n1")) and auth.creds_of(url) in (None, creds)
 
 
 def test_an_explicit_inference_identity_wins(tmp_path, scenario_file):
