@@ -24,7 +24,7 @@ from experiments.common import (
     update_section,
 )
 from lab import nodes, results_page, training_calibrate, training_real
-from services.cli.common import CliError, emit_json, parse_seeds
+from services.cli.common import CliError, emit_json, parse_seeds, parse_with_pairs
 from shared.scenarios.spec import ScenarioError
 from shared.scenarios.training import TRAINING_BUILTINS
 
@@ -149,16 +149,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    """The arguments, with NAME=VALUE pairs given after an option taken too (`replay DIR --policy X a=1`)."""
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        pairs = isinstance(getattr(args, "set", None), list) and all(
-            "=" in x and not x.startswith("-") for x in extra)
-        if not pairs:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.set = [*args.set, *extra]
-    return args
+    """The arguments, NAME=VALUE pairs after an option included (`replay DIR --policy X a=1`)."""
+    return parse_with_pairs(build_parser(), argv)
 
 
 def main(argv: list[str] | None = None) -> int:

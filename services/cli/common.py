@@ -38,6 +38,22 @@ def parse_assignments(items: list[str]) -> dict[str, float]:
         raise CliError(str(e)) from None
 
 
+def parse_with_pairs(parser: Any, argv: list[str] | None) -> Any:
+    """`parser`'s arguments, with NAME=VALUE pairs given after an option taken too.
+
+    argparse stops a positional list at the first option, so `replay DIR --policy learned a=1` would
+    leave `a=1` unrecognised; a command with NAME=VALUE positionals (`set`) gets them wherever they come.
+    """
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        pairs = isinstance(getattr(args, "set", None), list) and all(
+            "=" in x and not x.startswith("-") for x in extra)
+        if not pairs:
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.set = [*args.set, *extra]
+    return args
+
+
 def parse_seeds(text: str) -> list[int]:
     out: list[int] = []
     try:

@@ -13,7 +13,7 @@ import sys
 from experiments.common import ExperimentError, sigterm_as_interrupt
 from services.cli import calibrate, experiment, live, operate
 from services.cli import dashboard as dashboard_cli
-from services.cli.common import CliError
+from services.cli.common import CliError, parse_with_pairs
 from shared import auth
 from shared.scenarios.spec import ScenarioError
 
@@ -34,20 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    """The arguments, with NAME=VALUE pairs given after an option taken too.
-
-    argparse stops a positional list at the first option, so `replay DIR --policy learned a=1` would
-    leave `a=1` unrecognised; a command with NAME=VALUE positionals (`set`) gets them wherever they come.
-    """
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        pairs = isinstance(getattr(args, "set", None), list) and all(
-            "=" in x and not x.startswith("-") for x in extra)
-        if not pairs:
-            parser.error(f"unrecognized arguments: {' '.join(extra)}")
-        args.set = [*args.set, *extra]
-    return args
+    """The arguments, NAME=VALUE pairs after an option included (`common.parse_with_pairs`)."""
+    return parse_with_pairs(build_parser(), argv)
 
 
 def main(argv: list[str] | None = None) -> int:
