@@ -24,6 +24,7 @@ from services.worker.training import TrainingSide, is_training
 from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController, finished_on_clock
+from shared.core.guard import throttled_share
 from shared.core.policy import Policy, numeric_params, unknown_params
 from shared.core.types import Cls, Decision, classify, workload_of
 from shared.ratelog import RateLimitedLog
@@ -160,7 +161,7 @@ class Worker:
         for subject, m in msgs:
             said = subject[skip:]
             name = m.container
-            if said == name or said == name.replace(".", "~"):
+            if said == name or said == subjects.token(name, "container"):
                 on_latency(m)
                 continue
             self.forged_latencies += 1
@@ -435,13 +436,10 @@ class Worker:
         ratios: dict[str, float] = {}
         for name, t in now.items():
             prev = self._throttle_prev.get(name)
-            if prev is None:
-                continue
-            periods = t.periods - prev.periods
-            throttled = t.throttled_periods - prev.throttled_periods
-            if periods < 0 or throttled < 0:
-                continue  # counters reset (a new cgroup under the same name)
-            ratios[name] = 0.0 if periods == 0 else min(1.0, throttled / periods)
+            share = throttled_share(None if prev is None else (prev.periods, prev.throttled_periods),
+                                    (t.periods, t.throttled_periods))
+            if share is not None:
+                ratios[name] = share
         self._throttle_prev = now
         self.throttled_ratio = ratios
 

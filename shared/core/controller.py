@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from shared.core.guard import Measured, cap_raises, is_raise
+from shared.core.guard import Measured, cap_raises, is_raise, throttled_share
 from shared.core.policy import Policy
 from shared.core.types import (
     CLS_S,
@@ -319,13 +319,7 @@ class NodeController:
         for t in self.containers.values():
             now = throttling.get(t.name)
             base, t.throttle_base = t.throttle_base, now
-            if now is None or base is None:
-                t.throttled_ratio = None
-                continue
-            periods, throttled = now[0] - base[0], now[1] - base[1]
-            # Counters that went back: a new group under the same name (not measured this time).
-            ok = periods >= 0 and throttled >= 0
-            t.throttled_ratio = (min(1.0, throttled / periods) if periods else 0.0) if ok else None
+            t.throttled_ratio = throttled_share(base, now)
 
     def _spare(self) -> float | None:
         """The node's CPU no container used over the last interval (None: some use not measured)."""

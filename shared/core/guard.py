@@ -56,6 +56,19 @@ def may_raise(limit: float | None, measured: Measured | None, spare: float | Non
     return short <= 0.0 or spare < short
 
 
+def throttled_share(before: tuple[int, int] | None, now: tuple[int, int] | None) -> float | None:
+    """Share of CFS periods throttled between two readings of (periods, throttled periods).
+
+    None when either reading is missing or a counter went back (a new group under the same name).
+    """
+    if before is None or now is None:
+        return None
+    periods, throttled = now[0] - before[0], now[1] - before[1]
+    if periods < 0 or throttled < 0:
+        return None
+    return 0.0 if periods == 0 else min(1.0, throttled / periods)
+
+
 def is_raise(old: float | None, new: float | None) -> bool:
     """More CPU than before (None: no limit, the whole node)."""
     if old is None:
