@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Histogram, generate_latest, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -32,6 +32,11 @@ from shared.settings import DEFAULT_METRICS_ADDR
 
 ROUND_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """A round reads counters, decides and applies limits: milliseconds, up to seconds on a slow engine."""
+
+REQUEST_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0)
+"""A CNN request on CPU: tens of milliseconds for one small image, seconds for a batch under a small quota."""
+
+BATCH_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,3 +232,36 @@ class MetricsServer:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class ServingMetrics:
+    """The inference HTTP serving mode's request-latency histogram and micro-batch sizes, in their own registry.
+
+    The serving process renders them itself (`exposition`) on the same HTTP server that answers requests,
+    so one port carries both; a latency source that scrapes /metrics reads
+    `dqoes_inference_request_duration_seconds` (labels: model).
+    """
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.request_seconds = Histogram(
+            "dqoes_inference_request_duration_seconds", "Time from a request's arrival to its answer, seconds "
+            "(queueing for a micro-batch included).", ["model"], buckets=REQUEST_BUCKETS_S, registry=self.registry)
+        self.batch_requests = Histogram(
+            "dqoes_inference_batch_requests", "Requests answered by one forward pass (micro-batch size).",
+            ["model"], buckets=BATCH_REQUEST_BUCKETS, registry=self.registry)
+        self.batch_seconds = Histogram(
+            "dqoes_inference_batch_duration_seconds", "Wall time of one forward pass, seconds.", ["model"],
+            buckets=REQUEST_BUCKETS_S, registry=self.registry)
+
+    def observe_request(self, seconds: float) -> None:
+        self.request_seconds.labels(self.model).observe(seconds)
+
+    def observe_batch(self, requests: int, seconds: float) -> None:
+        self.batch_requests.labels(self.model).observe(requests)
+        self.batch_seconds.labels(self.model).observe(seconds)
+
+    def exposition(self) -> tuple[bytes, str]:
+        """(body, content type) of a /metrics answer."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

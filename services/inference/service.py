@@ -124,3 +124,18 @@ def run(cfg: InferenceConfig) -> int:
     status = asyncio.run(main())
     # The torch thread may be mid-batch; there is nothing to save, so do not wait for it.
     os._exit(status)
+
+
+def run_http(cfg: InferenceConfig, host: str, port: int, max_wait_s: float) -> int:
+    """The --serve mode: the model behind HTTP (serving.py), micro-batches of up to cfg.batch images."""
+    from services.inference.models import WeightsError
+    from services.inference.serving import serve_http
+    from services.inference.workload import Workload, WorkloadError
+
+    try:
+        workload = Workload(cfg.model, 1, cfg.resolution_px, seed=cfg.seed, weights=cfg.weights,
+                            threads=cfg.threads, default_threads=cfg.default_threads)
+    except (WorkloadError, WeightsError) as e:
+        log.error("%s", e)
+        return 2
+    return serve_http(workload, host, port, cfg.batch, max_wait_s)

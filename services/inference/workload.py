@@ -243,21 +243,28 @@ class Workload:
 
     def run_batch(self) -> BatchResult:
         """Run one batch now and return its measurements."""
+        return self.infer(self.images)[1]
+
+    def infer(self, images: torch.Tensor) -> tuple[torch.Tensor, BatchResult]:
+        """Run the model on `images` (NCHW) now, with the threads the quota allows: (logits, measurements).
+
+        The HTTP serving mode (serving.py) calls this with each micro-batch it collected.
+        """
         threads, limit_cores = self.plan_threads()
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
         cpu0, t0 = time.process_time(), time.perf_counter()
         with torch.inference_mode():
-            logits = self.model(self.images)
+            logits = self.model(images)
         t1, cpu1 = time.perf_counter(), time.process_time()
-        if logits.shape[0] != self.batch_size:  # guards against a silently wrong model
+        if logits.shape[0] != images.shape[0]:  # guards against a silently wrong model
             raise RuntimeError(
-                f"model returned {logits.shape[0]} rows for {self.batch_size} images"
+                f"model returned {logits.shape[0]} rows for {images.shape[0]} images"
             )
         result = BatchResult(
             model=self.spec.name,
             batch=self._batches_done,
-            images=self.batch_size,
+            images=int(images.shape[0]),
             resolution_px=self.resolution_px,
             latency_s=t1 - t0,
             cpu_s=cpu1 - cpu0,
@@ -267,7 +274,7 @@ class Workload:
             finished_at=time.time(),
         )
         self._batches_done += 1
-        return result
+        return logits, result
 
     def run(self, batches: int | None = None) -> Iterator[BatchResult]:
         """Yield one result a batch until `batches` have run (None: no limit) or stop() is called."""
