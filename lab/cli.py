@@ -23,7 +23,7 @@ from experiments.common import (
     sigterm_as_interrupt,
     update_section,
 )
-from lab import nodes, results_page, training_calibrate, training_real
+from lab import loadgen, nodes, results_page, training_calibrate, training_real
 from services.cli.common import CliError, emit_json, parse_seeds, parse_with_pairs
 from shared.scenarios.spec import ScenarioError
 from shared.scenarios.training import TRAINING_BUILTINS
@@ -143,8 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
     p.set_defaults(func=cmd_training_real)
 
-
     nodes.add_parsers(sub)
+    loadgen.add_parser(sub)
     return parser
 
 
