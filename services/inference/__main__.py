@@ -72,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve is not None:
         from services.inference.service import run_http
 
-        return run_http(cfg, *args.serve_addr, max_wait_s=args.max_wait)
+        host, port = args.serve_addr
+        return run_http(cfg, host, port, max_wait_s=args.max_wait)
     from services.inference.service import run
 
     return run(cfg)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
