@@ -3,7 +3,7 @@
 Why this exists: DQoES should govern real model servers through the metrics
 they export themselves. MLServer (Seldon, `pip install -e '.[serving]'`)
 exports request-latency histograms natively
-(`rest_server_requests_duration_seconds` on its metrics port); this class is
+(`rest_server_request_duration_seconds` on its metrics port); this class is
 all it needs to serve a CNN from models.py, and MLServer itself is used as
 released. compose/mlserver/ holds a ready model repository.
 
