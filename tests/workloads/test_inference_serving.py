@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -105,3 +106,31 @@ def test_serve_flag_rejects_a_bad_address():
                        cwd=REPO, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2
     assert "--serve: expected PORT or HOST:PORT" in r.stderr
+
+
+def test_the_prometheus_latency_source_reads_what_clients_saw(server):
+    """The worker's `prometheus` source (dqoes.latency.metric=dqoes_inference_request_duration_seconds)
+    on the serving mode's page: the requests of its window are loadgen's, its p95 is the clients' p95 within
+    the histogram's bucket width."""
+    sources = pytest.importorskip("shared.latency.sources", reason="needs the prometheus latency source")
+    from lab import loadgen
+    from shared.metrics import REQUEST_BUCKETS_S
+
+    assert _post(f"{server}/predict", {})[0] == 200  # the histogram's series exist from here on
+    source = sources.ScrapeSource(f"{server}/metrics", "dqoes_inference_request_duration_seconds", 0.95)
+    assert asyncio.run(source.read(time.monotonic())).latency_s is None  # the baseline
+    (w,) = loadgen.run(f"{server}/predict", b'{"images": 1}', [loadgen.Step(8.0, 3.0)], seed=2)
+    r = asyncio.run(source.read(time.monotonic()))
+    assert r.state == "ok" and r.requests == w.answered == w.due > 10, (r, w)
+    assert r.latency_s is not None and w.p95_s is not None
+    assert _bucket_below(REQUEST_BUCKETS_S, w.p95_s) <= r.latency_s <= _bucket_above(REQUEST_BUCKETS_S, w.p95_s)
+
+
+def _bucket_above(bounds: tuple[float, ...], x: float) -> float:
+    return next((b for b in bounds if b >= x), float("inf"))
+
+
+def _bucket_below(bounds: tuple[float, ...], x: float) -> float:
+    """The lower edge of the bucket under x's (server-side time is a little below the clients')."""
+    lower = [b for b in bounds if b < x]
+    return lower[-2] if len(lower) >= 2 else 0.0

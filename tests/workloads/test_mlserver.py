@@ -70,7 +70,7 @@ def mlserver(tmp_path):
 
 
 def _histogram(url: str, name: str) -> dict[str, dict[str, float]]:
-    """{status_code or model: {"count": c, "+Inf": bucket}} of one histogram family."""
+    """{status_code or model: {"count": c, "+Inf": bucket}} of one histogram (or summary) family."""
     with urllib.request.urlopen(url, timeout=5) as r:
         text = r.read().decode()
     out: dict[str, dict[str, float]] = {}
@@ -104,8 +104,34 @@ def test_mlserver_serves_the_torch_model_and_its_histogram_counts_loadgen_reques
     answered = sum(w.answered for w in windows)
     assert answered == sent > 20, windows
 
-    # MLServer's own histograms, as released: the REST one (starlette_exporter) and the model's.
+    # MLServer's own metrics, as released: the REST histogram (starlette_exporter) and the model's summary.
     rest = _histogram(metrics_url, "rest_server_request_duration_seconds")
     assert rest["200"]["count"] == rest["200"]["+Inf"] == answered + 1
-    model = _histogram(metrics_url, "model_infer_request_duration")
+    model = _histogram(metrics_url, "model_infer_request_duration")  # a summary: count and sum only
     assert model["small"]["count"] == answered + 1
+
+
+REST_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0)
+"""The buckets of MLServer's rest_server_request_duration_seconds (starlette_exporter's defaults)."""
+
+
+def test_the_prometheus_latency_source_reads_mlservers_own_histogram(mlserver):
+    """The worker's `prometheus` source (dqoes.latency.port=the metrics port,
+    dqoes.latency.metric=rest_server_request_duration_seconds) on MLServer's page, untouched: the window
+    holds loadgen's requests, and its p95 is the clients' within the histogram's bucket width.
+    (MLServer's model_infer_request_duration is a summary without quantiles: no percentile there.)"""
+    import asyncio
+
+    sources = pytest.importorskip("shared.latency.sources", reason="needs the prometheus latency source")
+    base, metrics_url = mlserver
+    url = f"{base}/v2/models/small/infer"
+    source = sources.ScrapeSource(metrics_url, "rest_server_request_duration_seconds", 0.95)
+    assert asyncio.run(source.read(time.monotonic())).latency_s is None  # the baseline
+    (w,) = loadgen.run(url, json.dumps(BODY).encode(), [loadgen.Step(10.0, 3.0)], seed=4)
+    r = asyncio.run(source.read(time.monotonic()))
+    assert r.state == "ok" and r.requests == w.answered == w.due > 10, (r, w)
+    assert r.latency_s is not None and w.p95_s is not None
+    above = next((b for b in REST_BUCKETS_S if b >= w.p95_s), float("inf"))
+    lower = [b for b in REST_BUCKETS_S if b < w.p95_s]
+    below = lower[-2] if len(lower) >= 2 else 0.0  # server-side time is a little below the clients'
+    assert below <= r.latency_s <= above
