@@ -215,6 +215,10 @@ def table(windows: list[Window]) -> str:
     for w in windows:
         lines.append(f"{w.window:>6}  {w.rate_rps:>6g}  {w.duration_s:>5g}  {w.due:>4}  {w.answered:>3}  "
                      f"{w.errors:>3}  {_ms(w.p50_s):>7}  {_ms(w.p95_s):>7}  {_ms(w.p99_s):>7}  {_ms(w.max_s):>7}")
+    for w in windows:
+        if w.error_kinds:
+            kinds = ", ".join(f"{k} x{n}" for k, n in sorted(w.error_kinds.items()))
+            lines.append(f"window {w.window} errors: {kinds}")
     return "\n".join(lines)
 
 

@@ -116,3 +116,12 @@ def test_cli_json_and_bad_input(delay_server):
                          cwd=REPO, capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2
     assert bad.stderr.strip().count("\n") == 0 and "--rates" in bad.stderr
+
+
+def test_a_server_that_is_not_there_gives_errors_not_latencies():
+    from shared.ports import free_port
+
+    (w,) = loadgen.run(f"http://127.0.0.1:{free_port()}/predict", b"{}", [loadgen.Step(20.0, 0.5)], seed=2)
+    assert w.due > 0 and w.answered == 0 and w.errors == w.due
+    assert w.p50_s is None and w.error_kinds == {"ConnectionRefusedError": w.due}
+    assert "ConnectionRefusedError" in loadgen.table([w])
