@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections import deque
@@ -62,8 +63,6 @@ class _Pending:
 
 def parse_request(body: bytes, max_images: int) -> tuple[int, int]:
     """(images, seed) from a /predict body; RequestError with a one-line reason otherwise."""
-    import json
-
     if not body.strip():
         return 1, 0
     try:
