@@ -126,7 +126,7 @@ def run(cfg: InferenceConfig) -> int:
     os._exit(status)
 
 
-def run_http(cfg: InferenceConfig, host: str, port: int, max_wait_s: float) -> int:
+def run_http(cfg: InferenceConfig, host: str, port: int, max_wait_s: float) -> int:  # exits the process
     """The --serve mode: the model behind HTTP (serving.py), micro-batches of up to cfg.batch images."""
     from services.inference.models import WeightsError
     from services.inference.serving import serve_http
@@ -138,4 +138,6 @@ def run_http(cfg: InferenceConfig, host: str, port: int, max_wait_s: float) -> i
     except (WorkloadError, WeightsError) as e:
         log.error("%s", e)
         return 2
-    return serve_http(workload, host, port, cfg.batch, max_wait_s)
+    status = serve_http(workload, host, port, cfg.batch, max_wait_s)
+    # As in run(): a forward pass may still be running on the inference thread; do not wait for it.
+    os._exit(status)
