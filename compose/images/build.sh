@@ -70,8 +70,9 @@ mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 base_image="dqoes-base:bookworm"
 includes="python3,python3-venv,python3-pip,ca-certificates,libjemalloc2,tini"
 torch_version="2.13.0"
-# Not a dependency of torch's, but every workload uses it.
-torch_extra="numpy"
+# Not dependencies of torch's: every workload uses numpy; the HTTP serving mode
+# (--serve) runs on starlette and uvicorn (the `workloads` extra).
+torch_extra="numpy starlette uvicorn"
 
 # pip warns about every missing file:// index entry of this machine's pip.conf; drop those.
 quiet_pip() { grep -v "is ignored: it is neither a file nor a directory" || true; }
@@ -183,7 +184,7 @@ build_wheels() {
             ls "$torch_wh" >&2; exit 1
         fi
         # Its dependencies as its own metadata lists them (filelock, sympy,
-        # networkx, jinja2, fsspec, typing-extensions, setuptools, ...), plus numpy.
+        # networkx, jinja2, fsspec, typing-extensions, setuptools, ...), plus the extras above.
         # shellcheck disable=SC2086
         "$py" -m pip wheel -q "$torch_file" $torch_extra -w "$torch_wh" 2>&1 | quiet_pip
     fi
