@@ -22,6 +22,7 @@ and emptied (the process keeps appending to the same file).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -32,7 +33,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared import auth, children
+from shared import auth, children, subjects
+from shared.bus import Bus, BusError
+from shared.natscluster import NatsCluster
 from shared.natsd import NatsServer, NatsServerError
 from shared.natsfront import NatsFront
 from shared.ports import free_port, port_taken
@@ -58,6 +61,8 @@ class StackSpec:
     """Serve Prometheus metrics from the manager and every worker on free local ports."""
     on_stop: str = "restore"
     """What workers do with the limits on a clean stop: keep them, or restore the containers' own."""
+    nats_servers: int = 1
+    """1: one nats-server; 3 (or 5...): a cluster, the objectives bucket in 3 replicas (shared/natscluster.py)."""
 
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -93,6 +98,8 @@ class Stack:
         self.nats: NatsServer | None = None
         self.front: NatsFront | None = None
         """Holds the port services connect to, for as long as this stack runs; forwards to `nats`."""
+        self.cluster: NatsCluster | None = None
+        """Instead of `nats` and `front`: several clustered servers (spec.nats_servers > 1)."""
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.start_at: float | None = None
         self._argv: dict[str, tuple[list[str], str]] = {}
@@ -110,6 +117,8 @@ class Stack:
         the front's for a private server (shared/natsfront.py)."""
         if self._external_url:
             return self._external_url
+        if self.cluster is not None:
+            return self.cluster.url
         assert self.front is not None
         return self.front.url
 
@@ -170,6 +179,8 @@ class Stack:
         """Restart what died (after its backoff) and rotate big logs; one line per action."""
         now = time.monotonic() if now is None else now
         lines: list[str] = []
+        if self.cluster is not None:
+            lines += self.cluster.supervise()
         if self.nats is not None and not self.nats.running:
             status = self.nats.returncode
             try:
@@ -253,13 +264,38 @@ class Stack:
         return rotated
 
     def start_nats(self) -> None:
-        if self._external_url is None and self.nats is None:
+        if self._external_url is None and self.spec.nats_servers > 1 and self.cluster is None:
+            assert self.auth_dir is not None
+            self.cluster = NatsCluster(self.auth_dir, self.run_dir, self.spec.nats_servers).start()
+            self._create_bucket(replicas=3)
+            return
+        if self._external_url is None and self.nats is None and self.cluster is None:
             assert self.auth_dir is not None
             self.nats = NatsServer(jetstream=True, store_dir=str(self.run_dir / "jetstream"),
                                    log_path=str(self.run_dir / "nats-server.out"),
                                    config_file=auth.config_path(self.auth_dir))
             self.nats.start()
             self.front = NatsFront(self._upstream).start()
+
+    def _create_bucket(self, replicas: int, timeout_s: float = 30.0) -> None:
+        """The objectives bucket, made before the manager starts (which uses it as it finds it): in
+        `replicas` copies. Retried while the cluster elects its JetStream leaders."""
+        async def go() -> None:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    bus = await Bus.connect(self.url_for("store"), "stack-store", connect_timeout_s=5.0)
+                    try:
+                        await bus.kv(subjects.KV_OBJECTIVES, replicas=replicas)
+                        return
+                    finally:
+                        await bus.close()
+                except BusError as e:
+                    if time.monotonic() > deadline:
+                        raise NatsServerError(f"objectives bucket not created in {timeout_s:g} s: {e}") from None
+                    await asyncio.sleep(0.5)
+
+        asyncio.run(go())
 
     def start(self, start_at: float | None = None) -> Stack:
         """Start everything; scenario time 0 falls at `start_at` (unix time; default: soon)."""
@@ -339,6 +375,9 @@ class Stack:
         if self.front is not None:
             self.front.close()
             self.front = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.run_dir.glob("*.log")))

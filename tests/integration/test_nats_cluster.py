@@ -1,0 +1,109 @@
+"""The control plane on a 3-server NATS cluster: losing any one server loses nothing.
+
+Real processes throughout: three clustered nats-servers (shared/natscluster.py)
+with the project's authentication, the manager and a worker (simulated
+containers) given the list of the three URLs. Each server in turn is killed
+with SIGKILL and, once the figures are taken with it down, started again
+(its copy of the objectives caught up) before the next is killed
+(bench/bench_failover.py drives it; `python -m bench failover` prints the
+time figures against their goal).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+
+import pytest
+
+from bench.bench_failover import failover
+from shared import auth
+from shared.bus import Bus, BusError
+from shared.natscluster import NatsCluster, server_config
+from shared.natsd import NatsServer
+
+pytestmark = [pytest.mark.integration]
+
+
+def test_losing_any_one_server_loses_no_objective_and_the_loop_resumes(tmp_path):
+    r = failover(tmp_path / "run")
+    for loss in r.losses:
+        print(f"lost {loss.server}: first control round after {loss.first_round_s:.2f} s, objective set after "
+              f"the loss in force after {loss.new_objective_s:.2f} s")
+    assert [loss.server for loss in r.losses] == ["nats-1", "nats-2", "nats-3"]
+    assert all(loss.lost == [] for loss in r.losses), r.losses
+    assert len(r.stored) >= 5  # c1, c2 and one new c2 revision per loss, every one read back
+    assert r.limits_moved
+    assert r.dead == {}
+    # Each service was on some server that was killed, and came back by itself, as often as it lost one.
+    for name in ("manager", "worker-n1"):
+        assert r.disconnects[name] >= 1 and r.reconnects[name] >= r.disconnects[name], (name, r.disconnects,
+                                                                                          r.reconnects)
+    assert r.worst_first_round_s > 0
+    assert r.worst_first_round_s <= 5.0, f"first control round {r.worst_first_round_s:.2f} s after the loss"
+
+
+def test_a_member_config_names_itself_routes_to_the_others_and_includes_the_auth_block(tmp_path):
+    text = server_config("nats-2", auth_config=tmp_path / "auth" / "nats-server.conf", config_dir=tmp_path / "run",
+                         secret="s3cret", route_front_port=4001, peer_route_ports=[4000, 4002])
+    assert 'server_name: "nats-2"' in text
+    assert 'include "../auth/nats-server.conf"' in text
+    assert re.findall(r"nats-route://route:s3cret@127\.0\.0\.1:(\d+)", text) == ["4000", "4002"]
+    assert 'advertise: "127.0.0.1:4001"' in text and "no_advertise: true" in text
+
+
+def test_a_route_without_the_password_is_refused(tmp_path):
+    """A server that dials a member's route front with a wrong password does not join."""
+    auth.ensure(tmp_path / "auth", ["n1"])
+    with NatsCluster(tmp_path / "auth", tmp_path / "run") as cluster:
+        rogue_conf = tmp_path / "rogue.conf"
+        rogue_conf.write_text('server_name: "rogue"\ncluster { name: "dqoes", listen: "127.0.0.1:-1", '
+                              f'routes: ["nats-route://route:wrong@127.0.0.1:{cluster.route_fronts[0].port}"] }}\n')
+        with NatsServer(jetstream=False, config_file=rogue_conf) as rogue:
+            member = cluster.servers[0]
+            end = time.monotonic() + 10
+            while time.monotonic() < end and "Authentication Failure" not in member.log_text():
+                time.sleep(0.1)
+            assert "Authentication Failure" in member.log_text()
+            assert "Authorization Violation" in rogue.log_text()
+            assert "rogue" not in member.log_text()  # never a route to it
+
+
+def test_a_client_given_the_list_reconnects_to_a_survivor(tmp_path):
+    auth.ensure(tmp_path / "auth", ["n1"])
+    with NatsCluster(tmp_path / "auth", tmp_path / "run") as cluster:
+        url = auth.with_credentials(cluster.url, auth.load(auth.creds_path(tmp_path / "auth", "client")))
+        assert url.count("?creds=") == 3 and auth.creds_of(url) is not None
+
+        async def go() -> tuple[str | None, str | None]:
+            bus = await Bus.connect(url, "t")
+            try:
+                first = bus.server
+                assert first is not None
+                cluster.kill(cluster.urls.index(next(u for u in cluster.urls if u.endswith(first.split(":")[1]))))
+                for _ in range(100):
+                    await asyncio.sleep(0.05)
+                    if bus.is_connected and bus.server != first:
+                        break
+                return first, bus.server
+            finally:
+                await bus.close()
+
+        first, then = asyncio.run(go())
+        assert then is not None and then != first
+
+
+def test_urls_of_a_cluster_keep_their_credentials_file(tmp_path):
+    auth.ensure(tmp_path / "auth", ["n1"])
+    creds = auth.load(auth.creds_path(tmp_path / "auth", "client"))
+    url = auth.with_credentials("nats://a:1, nats://b:2", creds)
+    servers, named = auth.split_url(url)
+    assert servers == "nats://a:1,nats://b:2" and named == str(creds.path)
+    assert auth.redact(url) == "nats://a:1,nats://b:2" == auth.without_credentials(url)
+    with pytest.raises(auth.AuthError):
+        auth.split_url("nats://a:1?creds=/x,nats://b:2?creds=/y")
+    with pytest.raises(BusError):
+        asyncio.run(Bus.connect("nats://a:1?creds=/x,nats://b:2?creds=/y", "t"))
+    assert json.dumps(auth.server_list("nats://a:1")) == '["nats://a:1"]'
