@@ -98,7 +98,8 @@ class Watcher:
         """Arrival time of the first message that `pred(arrived_at, msg)` accepts, waiting for it."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
-            for at, m in sorted(self.decisions + self.states, key=lambda pair: pair[0]):
+            pool: list[tuple[float, Any]] = [*self.decisions, *self.states]
+            for at, m in sorted(pool, key=lambda pair: pair[0]):
                 if pred(at, m):
                     return at
             await asyncio.sleep(0.02)
@@ -200,10 +201,10 @@ async def _drive(stack: Stack, result: Failover) -> None:
             t_kill = time.time()
             cluster.kill(i)
             result.kills.append(t_kill)
-            first = await watch.until(lambda at, m: isinstance(m, DecisionMsg) and m.at > t_kill)
+            first = await watch.until(lambda at, m, t=t_kill: isinstance(m, DecisionMsg) and m.at > t)
             objective = 5.0 + i
             await _set(stack, "c2", objective)
-            applied = await watch.until(lambda at, m, o=objective: at > t_kill and isinstance(m, NodeState)
+            applied = await watch.until(lambda at, m, o=objective, t=t_kill: at > t and isinstance(m, NodeState)
                                         and _objective(m, "c2") == o)
             result.stored.update(await _snapshot(kv))
             lost = await _lost(kv, result.stored)

@@ -689,7 +689,8 @@ class KV:
             return {}
         out = {cluster.leader: True}
         for peer in cluster.replicas or []:
-            out[peer.name] = bool(peer.current) and not peer.offline
+            if peer.name is not None:
+                out[peer.name] = bool(peer.current) and not peer.offline
         return out
 
     async def put(self, key: str, value: bytes) -> int:

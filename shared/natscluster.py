@@ -27,6 +27,7 @@ whose server is down moves on to the next URL of its list.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -127,8 +128,9 @@ class NatsCluster:
 
     def start(self) -> NatsCluster:
         size = len(self.names)
-        self.route_fronts = [NatsFront(lambda i=i: self._route_upstream(i), self.host).start() for i in range(size)]
-        self.client_fronts = [NatsFront(lambda i=i: self._client_upstream(i), self.host,
+        self.route_fronts = [NatsFront(functools.partial(self._route_upstream, i), self.host).start()
+                             for i in range(size)]
+        self.client_fronts = [NatsFront(functools.partial(self._client_upstream, i), self.host,
                                         wait_s=CLIENT_FRONT_WAIT_S).start() for i in range(size)]
         secret = route_secret(self.auth_dir)
         conf_dir = self.run_dir / "nats-cluster"

@@ -13,8 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -25,6 +30,7 @@ from shared.natscluster import NatsCluster, server_config
 from shared.natsd import NatsServer
 
 pytestmark = [pytest.mark.integration]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_losing_any_one_server_loses_no_objective_and_the_loop_resumes(tmp_path):
@@ -107,3 +113,43 @@ def test_urls_of_a_cluster_keep_their_credentials_file(tmp_path):
     with pytest.raises(BusError):
         asyncio.run(Bus.connect("nats://a:1?creds=/x,nats://b:2?creds=/y", "t"))
     assert json.dumps(auth.server_list("nats://a:1")) == '["nats://a:1"]'
+
+
+def test_dqoes_up_runs_the_control_plane_on_three_servers_and_restarts_a_lost_one(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DQOES_STATE_DIR": str(tmp_path / "state")}
+    env.pop("DQOES_NATS_URL", None)
+    run = tmp_path / "run"
+    up = subprocess.Popen([sys.executable, "-m", "services.cli", "up", "--nats-servers", "3", "--scenario",
+                           "paper-varied", "--time-scale", "20", "--forever", "--no-dashboard", "--run-dir",
+                           str(run)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines: list[str] = []
+        for line in up.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "Ctrl-C stops everything" in line:
+                break
+        nats_line = next(line for line in lines if " NATS " in line)
+        urls = nats_line.split(" NATS ")[1].split()[0].split(",")
+        assert len(urls) == 3 and all(u.startswith("nats://127.0.0.1:") for u in urls)
+
+        def status() -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "services.cli", "status", "--json"], capture_output=True,
+                                  text=True, cwd=REPO, env=env, timeout=60)
+
+        end = time.monotonic() + 60
+        while status().returncode != 0:
+            assert time.monotonic() < end, status().stderr
+            time.sleep(0.5)
+        pid = int((run / "learned" / "nats-2.out").read_text().split("]", 1)[0].lstrip("["))
+        os.kill(pid, signal.SIGKILL)
+        for line in up.stdout:  # type: ignore[union-attr]
+            if line.startswith("supervisor:") and "nats-2" in line:
+                assert "restarted" in line, line
+                break
+        assert status().returncode == 0
+    finally:
+        up.send_signal(signal.SIGINT)
+        up.wait(60)
+    assert up.returncode == 0
+    for log in (run / "learned").glob("*.log"):
+        assert "Traceback" not in log.read_text(), log
