@@ -365,8 +365,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-stop", choices=("keep", "restore"), default="restore",
                    help="on a clean stop, restore the CPU limits the containers had before (kept across worker "
                    "crashes; the default) or keep those in force (docs/guide/operations.md)")
-    p.add_argument("--nats-servers", type=int, choices=(1, 3, 5), default=1,
-                   help="1: one nats-server (default); 3 or 5: a NATS cluster on this machine, each server "
+    p.add_argument("--nats-servers", type=int, choices=(1, 3), default=1,
+                   help="1: one nats-server (default); 3: a NATS cluster on this machine, each server "
                    "supervised, the objectives in 3 replicas: losing any one server loses nothing "
                    "(docs/guide/nats-cluster.md)")
     p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")

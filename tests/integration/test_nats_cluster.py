@@ -153,3 +153,10 @@ def test_dqoes_up_runs_the_control_plane_on_three_servers_and_restarts_a_lost_on
     assert up.returncode == 0
     for log in (run / "learned").glob("*.log"):
         assert "Traceback" not in log.read_text(), log
+
+
+def test_the_dashboard_gets_a_cluster_as_one_source():
+    from dashboard import config
+
+    env = {config.SOURCES_ENV: config.sources_env([("learned", "nats://a:1,nats://b:2,nats://c:3")])}
+    assert [(s[0], s[1]) for s in config.parse([], env).sources] == [("learned", "nats://a:1,nats://b:2,nats://c:3")]
