@@ -249,7 +249,7 @@ class Stack:
     def rotate_logs(self, max_bytes: int = MAX_LOG_BYTES) -> list[Path]:
         """Copy each log over `max_bytes` to NAME.log.1 and empty it; returns those rotated."""
         rotated = []
-        for path in [*self.run_dir.glob("*.log"), self.run_dir / "nats-server.out"]:
+        for path in [*self.run_dir.glob("*.log"), *self.run_dir.glob("nats-*.out")]:  # nats-server.out, nats-N.out
             try:
                 if path.stat().st_size <= max_bytes:
                     continue
