@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import secrets
+import time
 from pathlib import Path
 
 from shared import auth, authfiles
@@ -43,6 +44,8 @@ log = logging.getLogger(__name__)
 ROUTE_USER = "route"
 SECRET_NAME = "cluster-routes.secret"
 CLUSTER_NAME = "dqoes"
+META_LEADER_TIMEOUT_S = 30.0
+_META_LEADER = "JetStream cluster new metadata leader"
 CLIENT_FRONT_WAIT_S = 0.25
 """How long a client front holds a connection while its server is down before closing it (the client
 then tries the next URL of its list)."""
@@ -83,6 +86,15 @@ def server_config(name: str, *, auth_config: Path, config_dir: Path, secret: str
         "}",
         "",
     ])
+
+
+def _read_from(path: Path, offset: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 class NatsCluster:
@@ -148,14 +160,26 @@ class NatsCluster:
         except authfiles.UnsafePathError as e:
             self.stop()
             raise auth.AuthError(str(e)) from None
+        offsets = [s.log_path.stat().st_size if s.log_path.exists() else 0 for s in self.servers]
         try:
             for s in self.servers:
                 s.start()
+            self._wait_meta_leader(offsets)
         except BaseException:
             self.stop()
             raise
         log.info("NATS cluster of %d ready at %s", size, self.url)
         return self
+
+    def _wait_meta_leader(self, offsets: list[int], timeout_s: float = META_LEADER_TIMEOUT_S) -> None:
+        """Until the members have elected JetStream's meta leader (one says so in its log, past
+        `offsets`: what earlier runs wrote): before that, no bucket can be made or read."""
+        deadline = time.monotonic() + timeout_s
+        while not any(_META_LEADER in _read_from(s.log_path, o) for s, o in zip(self.servers, offsets, strict=True)):
+            if time.monotonic() > deadline:
+                raise NatsServerError(f"the NATS cluster elected no JetStream leader within {timeout_s:g} s; "
+                                      f"logs: {', '.join(str(s.log_path) for s in self.servers)}")
+            time.sleep(0.05)
 
     def supervise(self) -> list[str]:
         """Restart every member that died, on fresh private ports; one line each."""

@@ -321,6 +321,7 @@ class Stack:
         store = self.creds_file("store")
         self._spawn("manager", ["-m", "services.manager", "--nats", self.plain_url, "--cluster-interval", "0.5",
                                 *(["--store-creds", str(store)] if store is not None else []),
+                                *(["--bucket-replicas", "3"] if self.cluster is not None else []),
                                 *self._metrics_args("manager")], "manager")
 
     def start_worker(self, node: str, scenario_file: Path | None = None) -> None:

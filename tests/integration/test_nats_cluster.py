@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from bench.bench_failover import failover
-from shared import auth
+from shared import auth, subjects
 from shared.bus import Bus, BusError
 from shared.natscluster import NatsCluster, server_config
 from shared.natsd import NatsServer
@@ -171,3 +171,30 @@ def test_processes_a_worker_starts_get_the_whole_list(tmp_path):
     argv = LaunchSpec("job1", "m", url).argv("n1")
     assert argv[argv.index("--nats") + 1] == "nats://a:1,nats://b:2,nats://c:3"
     assert argv[argv.index("--creds") + 1] == str(creds.resolve())
+
+
+def test_the_manager_makes_the_bucket_with_three_copies_when_asked(tmp_path):
+    auth.ensure(tmp_path / "auth", ["n1"])
+    log = tmp_path / "manager.log"
+    with NatsCluster(tmp_path / "auth", tmp_path / "run") as cluster, log.open("wb") as out:
+        manager = subprocess.Popen(
+            [sys.executable, "-m", "services.manager", "--nats", cluster.url, "--creds",
+             str(auth.creds_path(tmp_path / "auth", "manager")), "--store-creds",
+             str(auth.creds_path(tmp_path / "auth", "store")), "--bucket-replicas", "3"],
+            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            end = time.monotonic() + 60
+            while "objective(s) stored in bucket" not in log.read_text() and manager.poll() is None:
+                assert time.monotonic() < end, log.read_text()[-2000:]
+                time.sleep(0.2)
+            assert manager.poll() is None, log.read_text()[-2000:]
+            store_url = auth.with_credentials(cluster.url, auth.load(auth.creds_path(tmp_path / "auth", "store")))
+
+            async def copies() -> dict[str, bool]:
+                async with await Bus.connect(store_url, "t") as bus:  # the bucket exists: used as it is
+                    return await (await bus.kv(subjects.KV_OBJECTIVES)).copies()
+
+            assert sorted(asyncio.run(copies())) == ["nats-1", "nats-2", "nats-3"]
+        finally:
+            manager.terminate()
+            manager.wait(20)
