@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -246,8 +247,14 @@ def failover(run_dir: Path) -> Failover:
 
 
 def run() -> dict:
-    with tempfile.TemporaryDirectory(prefix="dqoes-bench-failover-") as d:
-        r = failover(Path(d))
+    bus_log = logging.getLogger("shared.bus")
+    level = bus_log.level
+    bus_log.setLevel(logging.ERROR)  # this client's own disconnect lines are expected: not figures
+    try:
+        with tempfile.TemporaryDirectory(prefix="dqoes-bench-failover-") as d:
+            r = failover(Path(d))
+    finally:
+        bus_log.setLevel(level)
     out: dict[str, Any] = {}
     for loss in r.losses:
         print(f"  lost {loss.server}: first round after {loss.first_round_s:.2f} s, new objective in force after "
