@@ -1,6 +1,7 @@
 """`dqoes up`: run a whole deployment on this machine (talking to one is `services.cli.operate`).
 
-`dqoes up` starts a private nats-server (JetStream), the manager and one
+`dqoes up` starts a private nats-server (JetStream; or three clustered ones,
+`--nats-servers 3`, docs/guide/nats-cluster.md), the manager and one
 worker per node of a scenario, and the web dashboard following them
 (`dashboard.launch`; --no-dashboard leaves it out), prints how to reach them
 and stops everything cleanly on Ctrl-C. It records where its NATS server

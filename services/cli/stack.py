@@ -15,6 +15,10 @@ store, so clients reconnect to the same URL and objectives are kept. That URL
 is a front the stack holds for its whole life (shared/natsfront.py): the port
 services connect to never falls free for another process to take, and the
 front forwards only to a server it verified as its own child.
+With `StackSpec.nats_servers` 3 the stack runs three clustered servers
+instead (shared/natscluster.py), each behind fronts and restarted the same
+way, the objectives bucket made in three copies before the manager starts,
+and every service given the list of the three URLs.
 Each restart is one log line (returned, and appended to `supervisor.log`).
 Log files are bounded: one over `MAX_LOG_BYTES` is copied to `NAME.log.1`
 and emptied (the process keeps appending to the same file).
