@@ -17,6 +17,7 @@ SUITES = {
     "stress": "bench.bench_stress",
     "fuzz": "bench.bench_fuzz",
     "load": "bench.bench_load",
+    "failover": "bench.bench_failover",
 }
 OPT_IN = {"fuzz", "load", "stress"}
 """Suites that run only when named (`make fuzz`: minutes, not a figure of speed; `make bench-stress`:

@@ -69,12 +69,14 @@ def source_args(sources: Sequence[tuple[str, str]]) -> list[str]:
 
 
 def sources_env(sources: Sequence[tuple[str, str]]) -> str:
-    """$DQOES_DASHBOARD_SOURCES for `sources`: one LABEL=URL a line (a comma may be in a password)."""
-    return "\n".join(f"{label}={url}" for label, url in sources)
+    """$DQOES_DASHBOARD_SOURCES for `sources`: one LABEL=URL a line, each line ended (a comma may be in a
+    password, and a cluster's URL is a comma-separated list: never read as the one-line form)."""
+    return "".join(f"{label}={url}\n" for label, url in sources)
 
 
 def _split_sources(raw: str) -> list[str]:
-    """Sources from the environment: one a line, or comma-separated when on one line."""
+    """Sources from the environment: one a line, or comma-separated when on one line (then a source
+    that is a NATS cluster's URL list must be on a line of its own)."""
     parts = raw.splitlines() if "\n" in raw else raw.split(",")
     return [s for s in parts if s.strip()]
 

@@ -557,7 +557,11 @@ def probe(url: str, timeout_s: float = 1.0) -> str | None:
 
     A refused port answers at once, where a NATS connect attempt waits for its
     whole timeout; URLs the probe cannot read are left to the NATS client.
+    A comma-separated list (a cluster) is reachable when any of its servers is.
     """
+    if "," in url:
+        problems = [probe(u, timeout_s) for u in auth.server_list(url)]
+        return None if None in problems else "; ".join(p for p in problems if p)
     try:
         parts = urlsplit(url if "://" in url else f"nats://{url}")
         host, port = parts.hostname, parts.port or 4222

@@ -341,8 +341,16 @@ def nodes_of(directory: str | os.PathLike[str]) -> list[str]:
 # --- URLs ---------------------------------------------------------------------------------
 
 
+def server_list(url: str) -> list[str]:
+    """The URLs of a comma-separated list (`nats://a:4222,nats://b:4222`), each as given; one
+    URL is a list of one. A cluster's clients get every server's URL and reconnect to a
+    surviving one (docs/guide/nats-cluster.md)."""
+    return [u.strip() for u in url.split(",") if u.strip()] or [url]
+
+
 def with_credentials(url: str, creds: Credentials | str | os.PathLike[str] | None) -> str:
     """`url` naming a credentials file (`?creds=PATH`; the bus reads it); unchanged for None.
+    A comma-separated list gets it on every URL.
 
     The file's path travels, never the seed: such a URL may be logged or
     passed to a child process."""
@@ -351,14 +359,15 @@ def with_credentials(url: str, creds: Credentials | str | os.PathLike[str] | Non
     path = creds.path if isinstance(creds, Credentials) else Path(creds)
     if path is None:
         raise AuthError(f"credentials of {getattr(creds, 'identity', '?')} were not read from a file")
-    base, _ = split_url(url)
-    parts = urlsplit(base)
     query = urlencode([(CREDS_QUERY, str(Path(path).resolve()))], quote_via=quote, safe="/")
-    return urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment))
+    out = []
+    for one in server_list(url):
+        parts = urlsplit(_split_one(one)[0])
+        out.append(urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment)))
+    return ",".join(out)
 
 
-def split_url(url: str) -> tuple[str, str | None]:
-    """(the URL as NATS takes it, the credentials file it names or None)."""
+def _split_one(url: str) -> tuple[str, str | None]:
     parts = urlsplit(url)
     params = parse_qsl(parts.query, keep_blank_values=True)
     path = next((v for k, v in params if k == CREDS_QUERY), None)
@@ -366,20 +375,37 @@ def split_url(url: str) -> tuple[str, str | None]:
     return urlunsplit((parts.scheme, parts.netloc, parts.path, rest, parts.fragment)), path
 
 
+def split_url(url: str) -> tuple[str, str | None]:
+    """(the URL as NATS takes it, the credentials file it names or None).
+
+    For a comma-separated list: the servers, still comma-separated, and the one file they
+    name (AuthError if they name different ones: a connection has one identity)."""
+    pairs = [_split_one(u) for u in server_list(url)]
+    named = {p for _, p in pairs if p is not None}
+    if len(named) > 1:
+        raise AuthError("the URLs of one connection name different credentials files")
+    return ",".join(s for s, _ in pairs), next(iter(named), None)
+
+
 def creds_of(url: str) -> str | None:
     return split_url(url)[1]
 
 
 def user_of(url: str) -> str | None:
-    parts = urlsplit(url)
+    parts = urlsplit(server_list(url)[0])
     return unquote(parts.username) if parts.username else None
 
 
 def redact(url: str) -> str:
     """The URL as logs and records show it: the server only (a password in it, never DQoES's own,
-    becomes ***; a credentials file it names is left out: a local path, of no use elsewhere)."""
+    becomes ***; a credentials file it names is left out: a local path, of no use elsewhere).
+    A list stays a comma-separated list."""
+    return ",".join(_redact_one(u) for u in server_list(url))
+
+
+def _redact_one(url: str) -> str:
     try:
-        server = split_url(url)[0]
+        server = _split_one(url)[0]
         parts = urlsplit(server)
     except ValueError:
         return "<unparseable URL>"
@@ -387,6 +413,16 @@ def redact(url: str) -> str:
         return server
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit((parts.scheme, f"{parts.username}:***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def without_credentials(url: str) -> str:
+    """The URL (or comma-separated list) without a user, password or credentials file in it."""
+    out = []
+    for one in server_list(split_url(url)[0]):
+        parts = urlsplit(one)
+        out.append(urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query,
+                               parts.fragment)))
+    return ",".join(out)
 
 
 def resolve(url: str, creds_file: str | os.PathLike[str] | None) -> str:

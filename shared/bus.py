@@ -237,6 +237,9 @@ class Bus:
     ) -> Bus:
         """Connect to `url` as `name` (also the `sender` of every message published).
 
+        `url` may be a comma-separated list (a NATS cluster's servers): the
+        bus connects to one and, when it goes, reconnects to another.
+
         Credentials: `creds` (a file or loaded `auth.Credentials`), else the
         file the URL names (`?creds=PATH`, `auth.with_credentials`), else none
         (anonymous). Raises BusError (one line) if no connection is made
@@ -244,7 +247,10 @@ class Bus:
         whose server offers no TLS. Once connected, the bus reconnects
         forever, every `reconnect_wait_s`.
         """
-        server_url, named = auth.split_url(url)
+        try:
+            server_url, named = auth.split_url(url)
+        except auth.AuthError as e:
+            raise BusError(f"cannot connect to NATS at {auth.redact(url)}: {e}") from None
         source = creds or named
         try:
             identity = source if isinstance(source, auth.Credentials) else (
@@ -259,7 +265,7 @@ class Bus:
         try:
             await asyncio.wait_for(
                 nc.connect(
-                    servers=[server_url],
+                    servers=auth.server_list(server_url),  # a cluster: any may serve, each reconnect picks one
                     **key_options,
                     name=name,
                     allow_reconnect=True,
@@ -320,10 +326,16 @@ class Bus:
 
     async def _on_reconnected(self) -> None:
         self._last_error = None
-        log.info("reconnected to NATS at %s", self.url)
+        log.info("reconnected to NATS at %s (server %s)", self.url, self.server)
 
     async def _on_closed(self) -> None:
         log.debug("NATS connection of %s closed", self.name)
+
+    @property
+    def server(self) -> str | None:
+        """host:port of the server this connection uses now (one of a cluster's), None while down."""
+        where = self._nc.connected_url if self._nc.is_connected else None
+        return f"{where.hostname}:{where.port}" if where is not None else None
 
     @property
     def is_connected(self) -> bool:
@@ -568,10 +580,12 @@ class Bus:
 
     # --- JetStream key-value ----------------------------------------------------------
 
-    async def kv(self, bucket: str, history: int = 5) -> KV:
+    async def kv(self, bucket: str, history: int = 5, replicas: int = 1) -> KV:
         """The key-value bucket `bucket` (file storage), created if missing.
 
-        An existing bucket is used as it is (its history setting is kept).
+        An existing bucket is used as it is (its history and replicas are kept).
+        `replicas`: copies a JetStream cluster keeps of a new bucket (3: any one
+        server can be lost without losing a value).
         """
         js = self._nc.jetstream()
         try:
@@ -579,9 +593,9 @@ class Bus:
                 store = await js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 store = await js.create_key_value(
-                    KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE)
+                    KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas)
                 )
-                log.info("created key-value bucket %s (history %d)", bucket, history)
+                log.info("created key-value bucket %s (history %d, replicas %d)", bucket, history, replicas)
         except nats.js.errors.InvalidBucketNameError:
             raise ValueError(f"invalid key-value bucket name {bucket!r}") from None
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
@@ -650,10 +664,11 @@ class KV:
         entry = await self.get_entry(key)
         return entry.value if entry is not None else None
 
-    async def get_entry(self, key: str) -> KVEntry | None:
-        """The latest entry of `key` (value and revision), None if absent or deleted."""
+    async def get_entry(self, key: str, revision: int | None = None) -> KVEntry | None:
+        """The latest entry of `key` (value and revision), or the one at `revision`; None if absent
+        or deleted."""
         try:
-            entry = await self._store.get(key)
+            entry = await self._store.get(key, revision=revision)
         except nats.js.errors.KeyNotFoundError:
             return None
         except nats.js.errors.InvalidKeyError:
@@ -661,6 +676,22 @@ class KV:
         except (nats.errors.Error, TimeoutError) as e:
             raise BusError(f"kv {self.bucket}: get {key!r} failed: {_one_line(e)}") from None
         return KVEntry(key=key, value=entry.value, revision=entry.revision)
+
+    async def copies(self) -> dict[str, bool]:
+        """Where a clustered bucket's copies are: server name -> whether that copy is current (the
+        leader's is); {} for a bucket on a single server."""
+        try:
+            info = await self.bus._nc.jetstream().stream_info(f"KV_{self.bucket}")
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"kv {self.bucket}: info failed: {_one_line(e)}") from None
+        cluster = info.cluster
+        if cluster is None or cluster.leader is None:
+            return {}
+        out = {cluster.leader: True}
+        for peer in cluster.replicas or []:
+            if peer.name is not None:
+                out[peer.name] = bool(peer.current) and not peer.offline
+        return out
 
     async def put(self, key: str, value: bytes) -> int:
         """Store `value` under `key`; returns the new revision."""

@@ -36,6 +36,7 @@ BINARY_ENV = "DQOES_NATS_SERVER"
 """Environment variable naming the nats-server binary to use (overrides the search)."""
 
 _LISTEN_RE = re.compile(r"Listening for client connections on (\S+):(\d+)")
+_ROUTE_RE = re.compile(r"Listening for route connections on (\S+):(\d+)")
 _READY = "Server is ready"
 
 
@@ -99,6 +100,8 @@ class NatsServer:
         """The server gets SIGKILL when this process dies (shared/children.py): no orphaned server."""
         self._binary = binary
         self._port: int | None = port
+        self.route_port: int | None = None
+        """Where the running server listens for cluster routes (a config with a `cluster` block), else None."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._last_returncode: int | None = None
         self._work_dir: Path | None = None
@@ -183,6 +186,8 @@ class NatsServer:
             if match:
                 port = int(match.group(2))
             if port is not None and _READY in text:
+                route = _ROUTE_RE.search(text)
+                self.route_port = int(route.group(2)) if route else None
                 return port
             if self._proc.poll() is not None:
                 raise NatsServerError(

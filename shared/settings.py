@@ -113,7 +113,8 @@ def nats_url(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    flag(parser, "--nats", "DQOES_NATS_URL", DEFAULT_NATS_URL, help="NATS server URL")
+    flag(parser, "--nats", "DQOES_NATS_URL", DEFAULT_NATS_URL,
+         help="NATS server URL; a cluster: every server's URL, comma-separated")
     flag(parser, "--creds", "DQOES_NATS_CREDS", None,
          help="this identity's credentials file (docs/guide/security.md); none: connect anonymously")
     flag(parser, "--log-level", "DQOES_LOG_LEVEL", "info", help="debug, info, warning or error",

@@ -125,7 +125,8 @@ def resolve_url(flag_value: str | None, creds: str | None = None, identity: str 
 
 def add_nats_flags(p: Any, identity: str = "client") -> None:
     """--nats and --creds for a command that talks to a running deployment."""
-    p.add_argument("--nats", help="NATS URL (default: $DQOES_NATS_URL, the running `dqoes up`, localhost)")
+    p.add_argument("--nats", help="NATS URL, or a cluster's URLs comma-separated (default: $DQOES_NATS_URL, "
+                   "the running `dqoes up`, localhost)")
     p.add_argument("--creds", help=f"credentials file ({identity} role; default: ${auth.CREDS_ENV}, "
                    "else the running `dqoes up`'s; docs/guide/security.md)")
     add_deployment_flag(p)

@@ -1,6 +1,7 @@
 """`dqoes up`: run a whole deployment on this machine (talking to one is `services.cli.operate`).
 
-`dqoes up` starts a private nats-server (JetStream), the manager and one
+`dqoes up` starts a private nats-server (JetStream; or three clustered ones,
+`--nats-servers 3`, docs/guide/nats-cluster.md), the manager and one
 worker per node of a scenario, and the web dashboard following them
 (`dashboard.launch`; --no-dashboard leaves it out), prints how to reach them
 and stops everything cleanly on Ctrl-C. It records where its NATS server
@@ -209,7 +210,7 @@ def _stacks(scenario: Any, policies: list[str], args: argparse.Namespace, run_ro
     return [
         Stack(StackSpec(scenario, policy=p, seed=args.seed, time_scale=args.time_scale, label=p,
                         runtime=args.runtime, workload_batch=args.batch, workload_resolution=args.resolution,
-                        metrics=not args.no_metrics, on_stop=args.on_stop),
+                        metrics=not args.no_metrics, on_stop=args.on_stop, nats_servers=args.nats_servers),
               run_dir=run_root / p, auth_dir=run_root / "auth")
         for p in policies
     ]
@@ -365,6 +366,10 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--on-stop", choices=("keep", "restore"), default="restore",
                    help="on a clean stop, restore the CPU limits the containers had before (kept across worker "
                    "crashes; the default) or keep those in force (docs/guide/operations.md)")
+    p.add_argument("--nats-servers", type=int, choices=(1, 3), default=1,
+                   help="1: one nats-server (default); 3: a NATS cluster on this machine, each server "
+                   "supervised, the objectives in 3 replicas: losing any one server loses nothing "
+                   "(docs/guide/nats-cluster.md)")
     p.add_argument("--json", action="store_true", help="no progress lines; last line of stdout: the final summary")
     p.add_argument("--no-dashboard", action="store_true", help="do not start the web dashboard")
     p.add_argument("--no-metrics", action="store_true",

@@ -15,6 +15,10 @@ store, so clients reconnect to the same URL and objectives are kept. That URL
 is a front the stack holds for its whole life (shared/natsfront.py): the port
 services connect to never falls free for another process to take, and the
 front forwards only to a server it verified as its own child.
+With `StackSpec.nats_servers` 3 the stack runs three clustered servers
+instead (shared/natscluster.py), each behind fronts and restarted the same
+way, the objectives bucket made in three copies before the manager starts,
+and every service given the list of the three URLs.
 Each restart is one log line (returned, and appended to `supervisor.log`).
 Log files are bounded: one over `MAX_LOG_BYTES` is copied to `NAME.log.1`
 and emptied (the process keeps appending to the same file).
@@ -22,6 +26,7 @@ and emptied (the process keeps appending to the same file).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -32,7 +37,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from shared import auth, children
+from shared import auth, children, subjects
+from shared.bus import Bus, BusError
+from shared.natscluster import NatsCluster
 from shared.natsd import NatsServer, NatsServerError
 from shared.natsfront import NatsFront
 from shared.ports import free_port, port_taken
@@ -58,6 +65,8 @@ class StackSpec:
     """Serve Prometheus metrics from the manager and every worker on free local ports."""
     on_stop: str = "restore"
     """What workers do with the limits on a clean stop: keep them, or restore the containers' own."""
+    nats_servers: int = 1
+    """1: one nats-server; 3 (or 5...): a cluster, the objectives bucket in 3 replicas (shared/natscluster.py)."""
 
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -93,6 +102,8 @@ class Stack:
         self.nats: NatsServer | None = None
         self.front: NatsFront | None = None
         """Holds the port services connect to, for as long as this stack runs; forwards to `nats`."""
+        self.cluster: NatsCluster | None = None
+        """Instead of `nats` and `front`: several clustered servers (spec.nats_servers > 1)."""
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.start_at: float | None = None
         self._argv: dict[str, tuple[list[str], str]] = {}
@@ -110,6 +121,8 @@ class Stack:
         the front's for a private server (shared/natsfront.py)."""
         if self._external_url:
             return self._external_url
+        if self.cluster is not None:
+            return self.cluster.url
         assert self.front is not None
         return self.front.url
 
@@ -170,6 +183,8 @@ class Stack:
         """Restart what died (after its backoff) and rotate big logs; one line per action."""
         now = time.monotonic() if now is None else now
         lines: list[str] = []
+        if self.cluster is not None:
+            lines += self.cluster.supervise()
         if self.nats is not None and not self.nats.running:
             status = self.nats.returncode
             try:
@@ -238,7 +253,7 @@ class Stack:
     def rotate_logs(self, max_bytes: int = MAX_LOG_BYTES) -> list[Path]:
         """Copy each log over `max_bytes` to NAME.log.1 and empty it; returns those rotated."""
         rotated = []
-        for path in [*self.run_dir.glob("*.log"), self.run_dir / "nats-server.out"]:
+        for path in [*self.run_dir.glob("*.log"), *self.run_dir.glob("nats-*.out")]:  # nats-server.out, nats-N.out
             try:
                 if path.stat().st_size <= max_bytes:
                     continue
@@ -253,13 +268,38 @@ class Stack:
         return rotated
 
     def start_nats(self) -> None:
-        if self._external_url is None and self.nats is None:
+        if self._external_url is None and self.spec.nats_servers > 1 and self.cluster is None:
+            assert self.auth_dir is not None
+            self.cluster = NatsCluster(self.auth_dir, self.run_dir, self.spec.nats_servers).start()
+            self._create_bucket(replicas=3)
+            return
+        if self._external_url is None and self.nats is None and self.cluster is None:
             assert self.auth_dir is not None
             self.nats = NatsServer(jetstream=True, store_dir=str(self.run_dir / "jetstream"),
                                    log_path=str(self.run_dir / "nats-server.out"),
                                    config_file=auth.config_path(self.auth_dir))
             self.nats.start()
             self.front = NatsFront(self._upstream).start()
+
+    def _create_bucket(self, replicas: int, timeout_s: float = 30.0) -> None:
+        """The objectives bucket, made before the manager starts (which uses it as it finds it): in
+        `replicas` copies. Retried while the cluster elects its JetStream leaders."""
+        async def go() -> None:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    bus = await Bus.connect(self.url_for("store"), "stack-store", connect_timeout_s=5.0)
+                    try:
+                        await bus.kv(subjects.KV_OBJECTIVES, replicas=replicas)
+                        return
+                    finally:
+                        await bus.close()
+                except BusError as e:
+                    if time.monotonic() > deadline:
+                        raise NatsServerError(f"objectives bucket not created in {timeout_s:g} s: {e}") from None
+                    await asyncio.sleep(0.5)
+
+        asyncio.run(go())
 
     def start(self, start_at: float | None = None) -> Stack:
         """Start everything; scenario time 0 falls at `start_at` (unix time; default: soon)."""
@@ -285,6 +325,7 @@ class Stack:
         store = self.creds_file("store")
         self._spawn("manager", ["-m", "services.manager", "--nats", self.plain_url, "--cluster-interval", "0.5",
                                 *(["--store-creds", str(store)] if store is not None else []),
+                                *(["--bucket-replicas", "3"] if self.cluster is not None else []),
                                 *self._metrics_args("manager")], "manager")
 
     def start_worker(self, node: str, scenario_file: Path | None = None) -> None:
@@ -339,6 +380,9 @@ class Stack:
         if self.front is not None:
             self.front.close()
             self.front = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')}" for p in sorted(self.run_dir.glob("*.log")))

@@ -23,6 +23,9 @@ def parse(argv: list[str] | None = None) -> ManagerConfig:
          help="credentials file of the connection that writes the objectives bucket (the store identity; "
          "default: --creds's, on a second connection)")
     flag(ap, "--bucket", "DQOES_BUCKET", subjects.KV_OBJECTIVES, help="JetStream key-value bucket for objectives")
+    flag(ap, "--bucket-replicas", "DQOES_BUCKET_REPLICAS", 1, type=int, choices=(1, 3, 5),
+         help="copies a NATS cluster keeps of the objectives bucket when the manager creates it (3: any one "
+         "server can be lost; an existing bucket is used as it is; docs/guide/nats-cluster.md)")
     flag(ap, "--cluster-interval", "DQOES_CLUSTER_INTERVAL_S", 1.0, type=float, help="publish the cluster summary every N s")
     flag(ap, "--stale-after", "DQOES_STALE_AFTER_S", 15.0, type=float, help="forget a node silent for N s")
     flag(ap, "--metrics-port", "DQOES_METRICS_PORT", None, type=int,
@@ -38,7 +41,8 @@ def parse(argv: list[str] | None = None) -> ManagerConfig:
             store_url = auth.with_credentials(auth.split_url(a.nats)[0], auth.load(a.store_creds))
         except auth.AuthError as e:
             ap.error(str(e))
-    return ManagerConfig(nats_url=nats_url(ap, a), store_url=store_url, bucket=a.bucket, cluster_interval_s=a.cluster_interval,
+    return ManagerConfig(nats_url=nats_url(ap, a), store_url=store_url, bucket=a.bucket,
+                         bucket_replicas=a.bucket_replicas, cluster_interval_s=a.cluster_interval,
                          stale_after_s=a.stale_after, metrics_port=a.metrics_port, metrics_addr=a.metrics_addr,
                          placement=a.placement, log_level=a.log_level, log_format=a.log_format)
 

@@ -30,6 +30,8 @@ class ManagerConfig:
     store_url: str | None = None
     """The objectives bucket's connection (the `store` identity's credentials); None: `nats_url`'s."""
     bucket: str = subjects.KV_OBJECTIVES
+    bucket_replicas: int = 1
+    """Copies of the bucket when this manager creates it (3 on a 3-server cluster)."""
     cluster_interval_s: float = 1.0
     stale_after_s: float = 15.0
     metrics_port: int | None = None
@@ -76,7 +78,7 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
         await bus.close()
         return 1
     try:
-        kv = await store_bus.kv(cfg.bucket)
+        kv = await store_bus.kv(cfg.bucket, replicas=cfg.bucket_replicas)
     except BusError as e:
         log.error("objectives cannot be stored (is JetStream enabled on the NATS server? with the default "
                   "permissions only the store identity may use the bucket: --store-creds): %s", e)

@@ -18,7 +18,6 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
-from urllib.parse import urlsplit, urlunsplit
 
 from shared import auth
 from shared.core.profiles import ModelProfile
@@ -114,8 +113,7 @@ class LaunchSpec:
         `creds_file` (a container: where the file is mounted)."""
         out = [python, "-m", "services.training", "--name", self.job, "--node", node, "--model", self.model,
                "--seed", str(self.seed)]
-        parts = urlsplit(auth.split_url(self.nats_url)[0])
-        plain = urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, ""))
+        plain = auth.without_credentials(self.nats_url)
         creds = creds_at or self.creds_file
         out += ["--nats", plain] + (["--creds", creds] if creds else [])
         if self.epochs is not None:

@@ -20,7 +20,6 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urlsplit, urlunsplit
 
 from shared import auth
 from shared.runtime.base import Runtime, RuntimeFailure
@@ -129,8 +128,7 @@ def node_containers(scenario: Scenario, node: str) -> list[ContainerSpec]:
 
 def strip_credentials(url: str) -> str:
     """The URL without a user, password or credentials file in it."""
-    parts = urlsplit(auth.split_url(url)[0])
-    return urlunsplit((parts.scheme, parts.netloc.rsplit("@", 1)[-1], parts.path, parts.query, parts.fragment))
+    return auth.without_credentials(url)
 
 
 def inference_argv(c: ContainerSpec, s: RuntimeSettings) -> list[str]:
