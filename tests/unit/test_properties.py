@@ -142,8 +142,7 @@ def replay(case):
     from shared.core.controller import NodeController
 
     cores, containers, rounds, seed = case
-    # Half the cases with late batches rescued (`late_rescue`), which moves limits between plans.
-    ctrl = NodeController("n1", cores, registry.build("learned", {"late_rescue": float(seed % 2)}))
+    ctrl = NodeController("n1", cores, registry.build("learned"))
     for name, objective, alpha, *_ in containers:
         ctrl.add(name, 0.0, cpu_total_s=0.0, objective_s=objective, alpha=alpha)
     now, totals, out = 0.0, {c[0]: 0.0 for c in containers}, []

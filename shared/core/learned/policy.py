@@ -22,7 +22,7 @@ from shared.core.learned.observe import foresee, observe
 from shared.core.learned.plan import Plan, PlanKind
 from shared.core.learned.pooling import node_spell, note_recent, own_fits, pool_heights, pool_slopes
 from shared.core.learned.settings import LearnedParams, Settings
-from shared.core.learned.solver import solve
+from shared.core.learned.solver import Solver, solve
 from shared.core.policy import CurveLookup, PolicyBase, PolicySpec, build_decision, no_curves
 from shared.core.profiles import ModelProfile
 from shared.core.types import BatchObs, Decision, NodeView
@@ -40,8 +40,11 @@ class LearnedPolicy(PolicyBase):
 
     name = "learned"
 
-    def __init__(self, params: LearnedParams | None = None, curve_of: CurveLookup = no_curves) -> None:
+    def __init__(self, params: LearnedParams | None = None, curve_of: CurveLookup = no_curves,
+                 solver: Solver = solve) -> None:
         self.params = params or LearnedParams()
+        self.solver = solver
+        """What plans the limits from the curves (`solver.solve`; a test may hand in fixed plans)."""
         self.settings = Settings.of(self.params)
         self.curve_of = curve_of
         self.curves: dict[str, Curve] = {}
@@ -74,7 +77,8 @@ class LearnedPolicy(PolicyBase):
             return True
         return False
 
-    def _curve(self, name: str) -> Curve:
+    def curve(self, name: str) -> Curve:
+        """A container's curve, made on first use (from its calibrated profile where `use_prior`)."""
         c = self.curves.get(name)
         if c is None:
             c = Curve()
@@ -103,7 +107,7 @@ class LearnedPolicy(PolicyBase):
             del self.curves[gone]
         busy = sum(v.cpu_share or 0.0 for v in view.containers)
         for v in view.containers:
-            curve = self._curve(v.name)
+            curve = self.curve(v.name)
             curve.workload = v.workload or curve.workload
             curve.steps = v.follows_limit and share.thread_steps
             if share.spell_guard:
@@ -131,7 +135,7 @@ class LearnedPolicy(PolicyBase):
         cl = classify_views(view.containers)
         cores = view.cores
         self._learn(view)
-        solution = solve(self.curves, view.containers, cores, limits, self.chosen, self.chances)
+        solution = self.solver(self.curves, view.containers, cores, limits, self.chosen, self.chances)
         plans = self.plans = solution.plans
         self.chosen, self.chances = solution.chosen, solution.chances
         floor = floor_limit(len(view.containers))

@@ -112,10 +112,10 @@ def pool_heights(curves: dict[str, Curve], own: Mapping[str, Fit | None] | None 
     own height included; a curve's prior is the mean of the others in its group, as wide as that
     spread plus the mean's own variance. No replica seen: no prior.
     """
-    own_fits: Mapping[str, Fit | None] = own if own is not None else own_fits(curves)
+    alone: Mapping[str, Fit | None] = own if own is not None else own_fits(curves)
     members: dict[str, dict[str, tuple[Fit, Curve]]] = {}
     for n, c in curves.items():
-        f = own_fits[n]
+        f = alone[n]
         if c.workload is not None and not c.solo and f is not None:
             members.setdefault(c.workload, {})[n] = (f, c)
     groups: dict[str, dict[str, tuple[float, float]]] = {}

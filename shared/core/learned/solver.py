@@ -25,7 +25,8 @@ least CPU. Each round:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from shared.core.dqoes import floor_limit
@@ -59,6 +60,12 @@ class Solution:
     """Containers given what they need to be met."""
     chances: set[str]
     """Containers not met for sure that were given what was left for a chance at their band."""
+
+
+Solver = Callable[[Mapping[str, Curve], Sequence[ContainerView], float, Limits, AbstractSet[str], AbstractSet[str]],
+                  Solution]
+"""What plans a round: (curves, views, cores, limits, last round's chosen, last round's chances) to a
+`Solution` (`solve`)."""
 
 
 def chances(curve: Curve, v: ContainerView, cores: float) -> tuple[float, float]:
@@ -112,7 +119,7 @@ def _best_on_grid(curve: Curve, v: ContainerView, cores: float, start: float, ra
     return best
 
 
-def choose(candidates: Sequence[tuple[float, str]], budget: float, incumbents: set[str]) -> list[str]:
+def choose(candidates: Sequence[tuple[float, str]], budget: float, incumbents: AbstractSet[str]) -> list[str]:
     """The most containers whose extra CPU fits the budget, keeping last round's where that costs no count.
 
     Cheapest first gives the largest count (one unit of value each). Taking
@@ -138,7 +145,7 @@ def fair_share(limits: Limits, n: int) -> float:
 
 
 def solve(curves: Mapping[str, Curve], views: Sequence[ContainerView], cores: float, limits: Limits,
-          incumbents: set[str] = frozenset(), chances_before: set[str] = frozenset()) -> Solution:  # type: ignore[assignment]
+          incumbents: AbstractSet[str] = frozenset(), chances_before: AbstractSet[str] = frozenset()) -> Solution:
     """Limits (fractions of the node) for every container: most met, then in band, then least CPU.
 
     `curves`: every container's curve, by name; `incumbents`: last round's chosen (kept on ties);
@@ -263,7 +270,7 @@ def _share_best_effort(curves: Mapping[str, Curve], plans: dict[str, Plan], best
 
 def one_more_chance(curves: Mapping[str, Curve], views: Sequence[ContainerView], plans: dict[str, Plan],
                     best_effort: list[str], best_limit: Mapping[str, float], cores: float, budget: float,
-                    limits: Limits, chances_before: set[str]) -> tuple[float, set[str]]:
+                    limits: Limits, chances_before: AbstractSet[str]) -> tuple[float, set[str]]:
     """What is left to the containers not met for sure, one at a time, where that is worth more than
     the fair split.
 
