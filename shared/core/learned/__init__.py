@@ -22,6 +22,7 @@ The parts (docs/design/learned.md), each small enough to change alone:
 
 from shared.core.learned.curve import RESTART_WATCH, Curve
 from shared.core.learned.fit import K_PRIOR_SD, K_RANGE, NOISE_PRIOR, Fit
+from shared.core.learned.need import Outlook, cores_needed, latency_at
 from shared.core.learned.plan import Plan, PlanKind
 from shared.core.learned.policy import SPEC, LearnedPolicy
 from shared.core.learned.pooling import POOL_MIN
@@ -30,5 +31,5 @@ from shared.core.learned.solver import Solution, solve
 
 __all__ = [
     "K_PRIOR_SD", "K_RANGE", "NOISE_PRIOR", "POOL_MIN", "RESTART_WATCH", "SPEC", "Curve", "Fit", "LearnedParams",
-    "LearnedPolicy", "Plan", "PlanKind", "Settings", "Solution", "solve",
+    "LearnedPolicy", "Outlook", "Plan", "PlanKind", "Settings", "Solution", "cores_needed", "latency_at", "solve",
 ]

@@ -58,11 +58,12 @@ def _clear(cores: float, items: list[tuple[str, float, float]]) -> bool:
             and all(abs(w / (0.9 * o) / cores / floor - 1) > 0.03 for _, w, o in items))
 
 
-@pytest.mark.parametrize("seed", range(40))
-def test_the_solver_meets_as_many_as_the_exact_oracle(seed):
-    cores, items = case(seed)
-    if not _clear(cores, items):
-        pytest.skip("a need within a hair of an edge: the two may differ for the noise margin alone")
+CASES = [c for c in map(case, range(60)) if _clear(*c)][:30]
+"""Thirty small cases whose answer does not turn on a hair (see `_clear`)."""
+
+
+@pytest.mark.parametrize(("cores", "items"), CASES)
+def test_the_solver_meets_as_many_as_the_exact_oracle(cores, items):
     curves = {n: known_curve(w) for n, w, _ in items}
     views = [view(n, o) for n, _, o in items]
     plans = solve(curves, views, cores, LIMITS).plans
