@@ -24,6 +24,24 @@ RESTART_WATCH = 6
 
 
 @dataclass(slots=True)
+class Timing:
+    """When a container's batches can next change a decision, and whether they are off their curve."""
+
+    changed_at_s: float | None = None
+    """When its limit was last changed."""
+    last_clean_s: float | None = None
+    """When the latest clean batch finished (verifies the latest change once after it)."""
+    expect_at_s: float | None = None
+    """When the next batch that tells something about the limit set last is due."""
+    expected: tuple[float, float] | None = None
+    """(mean log latency, tolerance) the curve gives at the limit set last: batches beyond it are strikes."""
+    strikes: int = 0
+    """Batches in a row beyond `expected`: two call a round at once."""
+    batch_s: float | None = None
+    """Its latest batch's latency: how soon the next one tells something."""
+
+
+@dataclass(slots=True)
 class Curve:
     """One container's fitted log-latency line and what it knows about its saturation."""
 
@@ -79,23 +97,13 @@ class Curve:
     """Restarts in a row not made because the node's other containers were off alike."""
     fit: Fit | None = None
     """The last fit (cleared whenever its sums or priors change)."""
-    changed_at_s: float | None = None
-    last_clean_s: float | None = None
-    """When the latest clean batch finished (verifies the latest change once after it)."""
-    expect_at_s: float | None = None
-    """When the next batch that tells something about the limit set last is due."""
-    expected: tuple[float, float] | None = None
-    """(mean log latency, tolerance) the curve gives at the limit set last: batches beyond it are strikes."""
-    strikes: int = 0
-    batch_s: float | None = None
-    """Its latest batch's latency: how soon the next one tells something."""
+    timing: Timing = field(default_factory=Timing)
+    """When its batches can next change a decision: the policy's reading, not the model's."""
     before: Curve | None = None
     """The curve as it was before the latest restart, while batches may still show it was right."""
     since_restart: int = 0
     back: int = 0
     """Consecutive batches since the restart that the curve before it explains."""
-    last_end_s: float | None = None
-    """When its latest batch (clean or not) finished: when the batch running now started."""
 
     @property
     def noise(self) -> float:
@@ -123,7 +131,8 @@ class Curve:
         """Forget every observation (the curve moved); keep what was learnt of k as a prior, and the
         curve itself for a few batches, in case the move was a passing slow spell."""
         f = self.solve()
-        self.before = (dataclasses.replace(self, suspects=[], recent=[], before=None, long_sums=list(self.long_sums))
+        self.before = (dataclasses.replace(self, suspects=[], recent=[], before=None, long_sums=list(self.long_sums),
+                                           timing=Timing())
                        if f is not None and self.n >= 3 else None)
         self.since_restart = self.back = self.spell_held = 0
         if f is not None and self.n >= 3:

@@ -46,15 +46,14 @@ def observe(v: ContainerView, curve: Curve, cores: float, node_busy: float, memo
     CPU, a fraction of the node; `horizon_s`: how old a memory's foresight may be; `spell_of(b)`: the
     node's spell check for batch b (None: no spell guard)."""
     for b in v.batches:
-        curve.last_end_s = max(curve.last_end_s or -math.inf, b.finished_at_s)
         d = decay(memory, b.latency_s)
         spell = spell_of(b) if spell_of is not None else None
         if not b.clean:
             observe_straddled(b, curve, cores, d, spell)
             continue
         weigh_memories(curve, b, cores, d[1], horizon_s)
-        curve.last_clean_s = b.finished_at_s
-        curve.batch_s = b.latency_s
+        curve.timing.last_clean_s = b.finished_at_s
+        curve.timing.batch_s = b.latency_s
         got, held, rate = cores_got(b, v, curve, cores)
         if got is None:
             continue

@@ -67,13 +67,14 @@ class LearnedPolicy(PolicyBase):
     def wants_round(self, name: str, latency_s: float, now_s: float) -> bool:
         """Two batches in a row far off the curve at their limit: the curve moved, decide now."""
         c = self.curves.get(name)
-        if c is None or c.expected is None:
+        t = c.timing if c is not None else None
+        if t is None or t.expected is None:
             return False
-        mean, tol = c.expected
-        c.strikes = c.strikes + 1 if abs(math.log(latency_s) - mean) > tol else 0
-        if c.strikes >= 2:
-            c.strikes = 0
-            c.expected = None  # once per change: the round that follows re-fits
+        mean, tol = t.expected
+        t.strikes = t.strikes + 1 if abs(math.log(latency_s) - mean) > tol else 0
+        if t.strikes >= 2:
+            t.strikes = 0
+            t.expected = None  # once per change: the round that follows re-fits
             return True
         return False
 
@@ -156,18 +157,18 @@ class LearnedPolicy(PolicyBase):
         for v in view.containers:
             new, old, curve = proposal[v.name], v.limit, self.curves[v.name]
             fit, at = curve.solve(), curve.predict_limit(new * cores)
-            curve.expected = (None if fit is None or at is None
-                              else (at[0], OUTLIER_SD * max(fit.noise_sd, NOISE_PRIOR) + at[1]))
-            curve.strikes = 0
+            curve.timing.expected = (None if fit is None or at is None
+                                     else (at[0], OUTLIER_SD * max(fit.noise_sd, NOISE_PRIOR) + at[1]))
+            curve.timing.strikes = 0
             curve.foresight = foresee(curve, new * cores, view.now_s) if new is not None else None
             if new != old:
-                curve.changed_at_s = view.now_s
+                curve.timing.changed_at_s = view.now_s
                 lat = curve.predict_limit(new * cores)
                 step = exp_or_inf(lat[0]) if lat is not None else math.inf
                 if not math.isfinite(step):  # no fit yet, or one that foresees past a float's range
                     step = v.latency_s or v.last_latency_s or 0.0
                 # The batch running now straddles the change and already tells something.
-                curve.expect_at_s = view.now_s + step
+                curve.timing.expect_at_s = view.now_s + step
             ups[v.name] = (new, reason(plans[v.name], curve, v.name in self.chances))
         interval = self._next_interval(view.now_s)
         return build_decision(self.name, view, cl, ups, interval_s=interval,
@@ -178,18 +179,19 @@ class LearnedPolicy(PolicyBase):
         r = self.settings.rounds
         due = []
         for c in self.curves.values():
+            t = c.timing
             if c.n == 0:
                 due.append(now_s + r.initial_interval_s)
-            elif c.changed_at_s is not None and (c.last_clean_s is None or c.last_clean_s <= c.changed_at_s):
-                if c.expect_at_s is not None and c.expect_at_s > now_s:
-                    due.append(c.expect_at_s)
+            elif t.changed_at_s is not None and (t.last_clean_s is None or t.last_clean_s <= t.changed_at_s):
+                if t.expect_at_s is not None and t.expect_at_s > now_s:
+                    due.append(t.expect_at_s)
                 else:  # late: look again at a fraction of its batch time
-                    step = (c.expect_at_s or now_s) - (c.changed_at_s or now_s)
+                    step = (t.expect_at_s or now_s) - (t.changed_at_s or now_s)
                     due.append(now_s + max(r.initial_interval_s, step / 4))
-            elif c.n < FEW_BATCHES and c.batch_s is not None:
+            elif c.n < FEW_BATCHES and t.batch_s is not None:
                 # A curve seen a few times (a newcomer, or one that restarted after a drift) is still
                 # being learnt: its next batch can change the decision.
-                due.append(now_s + c.batch_s)
+                due.append(now_s + t.batch_s)
         if due:
             self._interval_s = min(r.max_interval_s, max(r.initial_interval_s, min(due) - now_s))
         else:
