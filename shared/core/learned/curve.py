@@ -19,6 +19,11 @@ from shared.core.profiles import whole_threads
 
 BACK_SD = 2.0
 """After a restart, a batch within this many sd of the curve before it counts towards restoring it."""
+RESTART_KEEP_N = 3
+"""A curve restarted after at least this many observations keeps its slope as a prior, and itself as
+the curve before the restart."""
+RESTART_K_SD_MIN = 0.1
+"""The narrowest prior sd on k a restarted curve keeps from its slope."""
 RESTART_WATCH = 6
 """Batches after a restart during which the curve before it may be restored."""
 
@@ -133,10 +138,10 @@ class Curve:
         f = self.solve()
         self.before = (dataclasses.replace(self, suspects=[], recent=[], before=None, long_sums=list(self.long_sums),
                                            timing=Timing())
-                       if f is not None and self.n >= 3 else None)
+                       if f is not None and self.n >= RESTART_KEEP_N else None)
         self.since_restart = self.back = self.spell_held = 0
-        if f is not None and self.n >= 3:
-            self.k_mean, self.k_sd = f.k, max(0.1, math.sqrt(f.var_k))
+        if f is not None and self.n >= RESTART_KEEP_N:
+            self.k_mean, self.k_sd = f.k, max(RESTART_K_SD_MIN, math.sqrt(f.var_k))
         self.sw = self.sw2 = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
         self.long_sums = [0.0] * 7
         self.foresight = None

@@ -27,6 +27,8 @@ MAX_STEP_UNCERTAIN = 2.0
 """While the fit is uncertain a limit moves at most by this factor a round."""
 UNCERTAIN_SD = 0.25
 """A fit whose model sd of log latency at the new limit is above this is uncertain there."""
+TELL_SD = 2.0
+"""A move within this many model sds at the old limit is one the fit cannot tell from noise."""
 BEST_EFFORT_DEAD_BAND = 0.25
 """A container that cannot be met keeps its share unless it would move by more than this."""
 VALUE_DEAD_BAND = 0.05
@@ -116,7 +118,7 @@ def kept(plan: Plan, curve: Curve, v: ContainerView, old: float, cores: float, f
     if plan.kind in (PlanKind.IN_BAND, PlanKind.LEARNING):
         # A move smaller than what the fit can tell apart from noise is not made.
         at_old = curve.predict_limit(old * cores)
-        tell = 2 * at_old[1] if at_old is not None else 0.0
+        tell = TELL_SD * at_old[1] if at_old is not None else 0.0
         keep = abs(math.log(new / old)) <= max(math.log1p(dead_band), tell)
         if not keep and plan.kind is PlanKind.IN_BAND:
             # Nor one that adds little to its chances: the value is flat near its best.

@@ -27,6 +27,12 @@ BINDING = 0.85
 """A batch that used at least this share of its limit was held by it."""
 WARMUP_WEIGHT = 0.3
 """The weight of a container's first batch (it loads the model), against 1 for every later one."""
+CEILING_MARGIN = 1.05
+"""A ceiling is set this much above the CPU rate a batch left its limit at (rates vary batch to batch)."""
+BUSY_NODE = 0.9
+"""Below this share of the node in use by its managed containers, the node had room for anyone."""
+STRADDLE_WEIGHT = 0.5
+"""A straddling batch read as under the new limit weighs at most this (times its share under it)."""
 SWITCH_EVIDENCE = 0.02
 """A container's fit changes memory once the other foresaw its batches better by this share of both
 memories' squared errors (about 4 % of the mean squared error)."""
@@ -65,7 +71,7 @@ def observe(v: ContainerView, curve: Curve, cores: float, node_busy: float, memo
             if may_show_ceiling(limit_cores) and had_room(node_busy, cores, limit_cores, rate):
                 # It left CPU it could have had unused: a ceiling of its own (a warm-up
                 # batch, which loads the model, says nothing about it).
-                curve.sat_cores = max(curve.sat_cores or 0.0, rate * 1.05)
+                curve.sat_cores = max(curve.sat_cores or 0.0, rate * CEILING_MARGIN)
         take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, d,
              b.finished_at_s - b.latency_s, spell)
 
@@ -98,7 +104,7 @@ def observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: tuple[floa
     fit = curve.solve()
     k = fit.k if fit is not None else curve.k_mean
     equiv = t1 * (used_before / c2) ** k + t2
-    take(curve, math.log(c2), math.log(equiv), 0.5 * t2 / b.latency_s, decay, start, spell)
+    take(curve, math.log(c2), math.log(equiv), STRADDLE_WEIGHT * t2 / b.latency_s, decay, start, spell)
 
 
 def batch_limit_cores(b: BatchObs, curve: Curve, cores: float) -> float | None:
@@ -142,7 +148,7 @@ def had_room(node_busy: float, cores: float, limit_cores: float | None, rate: fl
     with one container held by its own threads below its limit is the case a fixed threshold on
     `node_busy` missed (a 16-core host's run: 0.94 busy, a ResNet-50 on one thread at 1.55 cores of
     limit, never seen as at its ceiling)."""
-    if node_busy < 0.9:
+    if node_busy < BUSY_NODE:
         return True
     return limit_cores is not None and (1.0 - node_busy) * cores >= 0.5 * (limit_cores - rate)
 
