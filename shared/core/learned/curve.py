@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from shared.core.learned.fit import K_PRIOR_SD, NOISE_PRIOR, Fit, exp_or_inf, solve_sums
 from shared.core.profiles import whole_threads
@@ -26,6 +27,43 @@ RESTART_K_SD_MIN = 0.1
 """The narrowest prior sd on k a restarted curve keeps from its slope."""
 RESTART_WATCH = 6
 """Batches after a restart during which the curve before it may be restored."""
+
+
+class Suspect(NamedTuple):
+    """A batch held out of the fit, beyond OUTLIER_SD, until the next says whether the curve moved."""
+
+    resid: float
+    """Its log latency less the curve's prediction."""
+    x: float
+    """log cores it ran at."""
+    y: float
+    """Its log latency."""
+    w: float
+    """Its weight."""
+    start_s: float
+    """When it started (NaN: not known)."""
+
+
+class Deviation(NamedTuple):
+    """How far one clean batch lay off its curve before the curve took it (for the node's spell check)."""
+
+    start_s: float
+    end_s: float
+    z: float
+    """Its deviation, in the sd a batch has about the curve's prediction."""
+
+
+class Foresight(NamedTuple):
+    """What each memory expected of the batches under the limit set last."""
+
+    cores: float
+    """The limit set last, in cores."""
+    short: float
+    """Mean log latency there by the memory in batches."""
+    long: float
+    """The same by the memory in seconds."""
+    at_s: float
+    """When it was foreseen."""
 
 
 @dataclass(slots=True)
@@ -65,7 +103,7 @@ class Curve:
     """The same sums (sw, sw2, sx, sy, sxx, sxy, syy) over the longer memory (`half_life_s`)."""
     long_active: bool = False
     """The fit uses the longer memory: it foresaw this container's batches better."""
-    foresight: tuple[float, float, float, float] | None = None
+    foresight: Foresight | None = None
     """(limit set last, in cores; mean log latency there by the short memory; by the long one; when)."""
     evidence: float = 0.0
     """Decayed sum, over batches under the limit set last, of the short memory's squared error less
@@ -92,10 +130,10 @@ class Curve:
     steps: bool = False
     """Its threads follow its limit and the policy reads them so: above one core, a limit gives only its
     whole cores (`at_limit`), and a need there is met by the next whole core (`limit_for`)."""
-    suspects: list[tuple[float, float, float, float, float]] = field(default_factory=list)
+    suspects: list[Suspect] = field(default_factory=list)
     """The latest batch beyond OUTLIER_SD, held out of the fit until the next one tells whether the
     curve moved (drift watch): (residual, x, y, weight, when it started)."""
-    recent: list[tuple[float, float, float]] = field(default_factory=list)
+    recent: list[Deviation] = field(default_factory=list)
     """Its latest clean batches as its curve saw them before taking them: (start, end, deviation in
     sd), SPELL_RECENT at most; what its neighbours read to tell a node's spell from their own drift."""
     spell_held: int = 0

@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from shared.core.learned.curve import RESTART_WATCH, Curve
+from shared.core.learned.curve import RESTART_WATCH, Curve, Suspect
 from shared.core.learned.fit import NOISE_PRIOR, Fit
 from shared.core.learned.plan import Plan, PlanKind
 from shared.core.learned.solver import chances, faster_than_band
@@ -71,21 +71,21 @@ def take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float],
         sd = batch_sd(fit, pred)
         if abs(resid) > OUTLIER_SD * sd:
             held = curve.suspects[-1] if curve.suspects else None
-            if held is not None and held[0] * resid > 0:
+            if held is not None and held.resid * resid > 0:
                 if (spell is not None and curve.spell_held < RESTART_WATCH
-                        and spell(held[4] if math.isfinite(held[4]) else start_s, math.copysign(1.0, resid))):
+                        and spell(held.start_s if math.isfinite(held.start_s) else start_s, math.copysign(1.0, resid))):
                     # A spell of the host: both batches say more of it than of this curve.
                     curve.spell_held += 1
-                    curve.suspects[-1] = (resid, x, y, w, start_s)
+                    curve.suspects[-1] = Suspect(resid, x, y, w, start_s)
                     return
                 curve.restart()
-                curve.add(held[1], held[2], held[3], decay)
+                curve.add(held.x, held.y, held.w, decay)
                 curve.add(x, y, w, decay)
                 return
             # A new suspect (none held, or one on the other side) breaks any chain of slow batches.
             release(curve, decay)
             curve.spell_held = 0
-            curve.suspects.append((resid, x, y, w, start_s))
+            curve.suspects.append(Suspect(resid, x, y, w, start_s))
             return
     release(curve, decay)
     curve.spell_held = 0

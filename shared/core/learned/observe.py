@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from shared.core.learned.curve import Curve
+from shared.core.learned.curve import Curve, Foresight
 from shared.core.learned.guards import Spell, take
 from shared.core.learned.settings import Memory
 from shared.core.types import BatchObs, ContainerView
@@ -157,12 +157,12 @@ def weigh_memories(curve: Curve, b: BatchObs, cores: float, decay: float, horizo
     """Score both memories on a clean batch under the limit set last, against what each foresaw at
     most `horizon_s` before; the fit follows the one that foresees better, with a margin either way."""
     seen = curve.foresight
-    if seen is None or b.limit is None or not math.isclose(b.limit * cores, seen[0], rel_tol=1e-4):
+    if seen is None or b.limit is None or not math.isclose(b.limit * cores, seen.cores, rel_tol=1e-4):
         return
-    if b.finished_at_s - seen[3] > horizon_s:
-        curve.foresight = foresee(curve, seen[0], b.finished_at_s)
+    if b.finished_at_s - seen.at_s > horizon_s:
+        curve.foresight = foresee(curve, seen.cores, b.finished_at_s)
     y = math.log(b.latency_s)
-    short, long = (y - seen[1]) ** 2, (y - seen[2]) ** 2
+    short, long = (y - seen.short) ** 2, (y - seen.long) ** 2
     curve.evidence = curve.evidence * decay + short - long
     curve.spread = curve.spread * decay + short + long
     if curve.long_active != (curve.evidence > 0) and abs(curve.evidence) > SWITCH_EVIDENCE * curve.spread:
@@ -170,7 +170,7 @@ def weigh_memories(curve: Curve, b: BatchObs, cores: float, decay: float, horizo
         curve.fit = None
 
 
-def foresee(curve: Curve, cores: float, now_s: float) -> tuple[float, float, float, float] | None:
+def foresee(curve: Curve, cores: float, now_s: float) -> Foresight | None:
     """What each memory expects of the batches at `cores` (None while both are the same memory, or
     either has no fit). The one in use is the curve's own fit, solved once a round already."""
     if curve.long_sums == curve.short_sums:
@@ -180,4 +180,4 @@ def foresee(curve: Curve, cores: float, now_s: float) -> tuple[float, float, flo
         return None
     short, long = (other, active) if curve.long_active else (active, other)
     a, b = curve.predict_limit(cores, short), curve.predict_limit(cores, long)
-    return None if a is None or b is None else (cores, a[0], b[0], now_s)
+    return None if a is None or b is None else Foresight(cores, a[0], b[0], now_s)

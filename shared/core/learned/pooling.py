@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
-from shared.core.learned.curve import Curve
+from shared.core.learned.curve import Curve, Deviation
 from shared.core.learned.fit import Fit
 from shared.core.learned.guards import OUTLIER_SD, batch_sd
 from shared.core.learned.observe import cores_got
@@ -47,7 +47,7 @@ def note_recent(v: ContainerView, curve: Curve, cores: float) -> None:
         if pred is None:
             continue
         z = (math.log(b.latency_s) - pred[0]) / batch_sd(fit, pred)
-        curve.recent.append((b.finished_at_s - b.latency_s, b.finished_at_s, z))
+        curve.recent.append(Deviation(b.finished_at_s - b.latency_s, b.finished_at_s, z))
     del curve.recent[:-SPELL_RECENT]
 
 
