@@ -132,6 +132,8 @@ class LearnedPolicy(PolicyBase):
                     c.height_node, c.fit = None, None
 
     def decide(self, view: NodeView) -> Decision:
+        """One round: learn from the batches since the last, plan every limit, keep those the guards
+        hold, never overcommit, and set when the next round comes."""
         limits = self.settings.limits
         cl = classify_views(view.containers)
         cores = view.cores
