@@ -59,7 +59,8 @@ class Solution:
     chosen: set[str]
     """Containers given what they need to be met."""
     chances: set[str]
-    """Containers not met for sure that were given what was left for a chance at their band."""
+    """Containers not met for sure that were given what was left for a chance at their band (last
+    round's where nothing was left to give this round)."""
 
 
 Solver = Callable[[Mapping[str, Curve], Sequence[ContainerView], float, Limits, AbstractSet[str], AbstractSet[str]],
