@@ -82,13 +82,12 @@ def run() -> dict[str, Any]:
     if os.environ.get("DQOES_BENCH_SEEDS"):
         # A quicker look has its own file and leaves the held-out tables as they are.
         seeds = sets[0][1]
-        return run_sets(sets, PRIOR_ERROR, OUT.with_name(f"policies-seeds-{seeds[0]}-{seeds[-1]}.json"), KEY,
-                        rescue=True, update=False)
-    return run_sets(sets, PRIOR_ERROR, OUT, KEY, rescue=True)
+        return run_sets(sets, PRIOR_ERROR, OUT.with_name(f"policies-seeds-{seeds[0]}-{seeds[-1]}.json"), KEY, update=False)
+    return run_sets(sets, PRIOR_ERROR, OUT, KEY)
 
 
 def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None, out: Path, data_key: str, *,
-             rescue: bool = False, update: bool = True) -> dict[str, Any]:
+             update: bool = True) -> dict[str, Any]:
     """Every policy on each (scenario, seeds); print the figures, write them to `out` (JSON) and, with
     $DQOES_BENCH_DATA and `update`, the summary results_page renders into that folder (its `data_key` file). A
     scenario run in more than one set also gets its ratios to the oracle policy over all its seeds
@@ -97,9 +96,8 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
     every: dict[str, list[policies.Run]] = {}
     t0 = time.monotonic()
     for name, chosen in sets:
-        runs = policies.run_all(name, chosen, prior_error=prior_error, workers=os.cpu_count() or 1, rescue=rescue,
-                                progress=_progress(len(chosen) * (len(policies.POLICIES) + (prior_error is not None)
-                                                                  + rescue), t0))
+        runs = policies.run_all(name, chosen, prior_error=prior_error, workers=os.cpu_count() or 1,
+                                progress=_progress(len(chosen) * (len(policies.POLICIES) + (prior_error is not None)), t0))
         print(file=sys.stderr)
         summary = policies.summarize(runs)
         key = where = f"{name}, seeds {chosen[0]}-{chosen[-1]}"  # one name, printed and in the JSON
@@ -122,11 +120,6 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
                                                       lower_is_better=False),
             **_settle_and_cost(where, "learned", "learned", learned, dqoes),
         }
-        rescued = summary.get(policies.RESCUE_LABEL)
-        if rescued is not None:
-            # Its rescues move limits out and back within a batch: settling read on its plan as well.
-            figures.update(_settle_and_cost(where, policies.RESCUE_LABEL, "learned_late_rescue", rescued, dqoes,
-                                            plan=True))
         res[key] = {"scenario": name, "seeds": list(chosen), "summary": summary, "figures": figures,
                     "runs": [dataclasses.asdict(r) for r in runs]}
         every.setdefault(name, []).extend(runs)
@@ -145,24 +138,14 @@ def run_sets(sets: list[tuple[str, tuple[int, ...]]], prior_error: float | None,
     return {name: v["figures"] for name, v in res.items()}
 
 
-def _settle_and_cost(where: str, label: str, key: str, s: dict[str, Any], dqoes: dict[str, Any],
-                     plan: bool = False) -> dict[str, Any]:
-    """A row's settling (every move; with `plan`, its plan's moves too) and its limit changes and CPU
-    against DQoES's, against the issue's goals."""
+def _settle_and_cost(where: str, label: str, key: str, s: dict[str, Any], dqoes: dict[str, Any]) -> dict[str, Any]:
+    """A row's settling and its limit changes and CPU against DQoES's, against the issue's goals."""
     out = {f"{key}_container_settle_rounds": report(
         f"{where}: {label}, rounds moving a container's limit after its change (mean)",
         s["container_settle_mean"], "rounds", goal=3.0)}
-    if plan:
-        out[f"{key}_container_plan_settle_rounds"] = report(
-            f"{where}: {label}, rounds moving a container's planned limit after its change (mean)",
-            s["container_plan_settle_mean"], "rounds", goal=3.0)
-        out[f"{key}_change_plan_settle_rounds"] = report(
-            f"{where}: {label}, rounds moving a node's planned limits after each change there (mean)",
-            s["change_plan_settle_mean"], "rounds", goal=3.0)
-    else:
-        out[f"{key}_change_settle_rounds"] = report(
-            f"{where}: {label}, rounds moving a node's limits after each change there (mean)",
-            s["change_settle_mean"], "rounds", goal=3.0)
+    out[f"{key}_change_settle_rounds"] = report(
+        f"{where}: {label}, rounds moving a node's limits after each change there (mean)",
+        s["change_settle_mean"], "rounds", goal=3.0)
     out[f"{key}_changes_to_dqoes"] = report(
         f"{where}: {label} / DQoES limit changes per container per round",
         s["changes_per_container_round"] / dqoes["changes_per_container_round"]
@@ -183,7 +166,7 @@ def _to_oracle_policy(runs: list[policies.Run], where: str) -> dict[str, Any]:
     """The headline figures: the learned allocator's met and in band over the oracle policy's in the
     same runs (ratio of means, standard error over the paired seeds)."""
     out = {}
-    for label, key in (("learned", "learned"), (policies.RESCUE_LABEL, "learned_late_rescue")):
+    for label, key in (("learned", "learned"),):
         if not any(r.policy == label for r in runs):
             continue
         ratio_met, se_met = policies.paired_ratio(runs, label, "oracle", "met")

@@ -25,8 +25,6 @@ from shared.scenarios.spec import Scenario
 from shared.sim.engine import SimResult, policy_context, simulate
 
 POLICIES = ("default", "dqoes", "learned", "oracle")
-RESCUE_LABEL = "learned+late rescue"
-"""The learned allocator with late batches rescued (`late_rescue = 1`), beside it as it is by default."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,17 +97,15 @@ def run_all(
     prior_error: float | None = None,
     progress: Callable[[str], None] | None = None,
     workers: int = 1,
-    rescue: bool = False,
 ) -> list[Run]:
-    """Every policy on every seed; with `prior_error`, also the learned allocator with a wrong prior;
-    with `rescue`, also the learned allocator with late batches rescued (RESCUE_LABEL).
+    """Every policy on every seed; with `prior_error`, also the learned allocator with a wrong prior.
 
     With `workers` > 1 the seeds run in that many processes (each run is deterministic in its seed, so
     the runs are the same); `progress` then hears of a seed's runs when the seed is done."""
     if workers > 1 and len(seeds) > 1:
         out: list[Run] = []
         with ProcessPoolExecutor(min(workers, len(seeds))) as pool:
-            for runs in pool.map(_one_seed, [(scenario, seed, prior_error, rescue) for seed in seeds]):
+            for runs in pool.map(_one_seed, [(scenario, seed, prior_error) for seed in seeds]):
                 for r in runs:
                     if progress:
                         progress(f"{scenario} seed {r.seed} {r.policy}")
@@ -117,12 +113,12 @@ def run_all(
         return out
     out = []
     for seed in seeds:
-        out.extend(_one_seed((scenario, seed, prior_error, rescue), progress))
+        out.extend(_one_seed((scenario, seed, prior_error), progress))
     return out
 
 
-def _one_seed(job: tuple[str, int, float | None, bool], progress: Callable[[str], None] | None = None) -> list[Run]:
-    scenario, seed, prior_error, rescue = job
+def _one_seed(job: tuple[str, int, float | None], progress: Callable[[str], None] | None = None) -> list[Run]:
+    scenario, seed, prior_error = job
     sc = load(scenario, seed)
     out = []
     for policy in POLICIES:
@@ -136,11 +132,6 @@ def _one_seed(job: tuple[str, int, float | None, bool], progress: Callable[[str]
             progress(f"{scenario} seed {seed} {label}")
         out.append(Run.of(simulate(with_prior, "learned", seed, context=skewed_prior(sc, prior_error, seed)),
                           label))
-    if rescue:
-        if progress:
-            progress(f"{scenario} seed {seed} {RESCUE_LABEL}")
-        rescued = dataclasses.replace(sc, settings={**sc.settings, "late_rescue": 1.0})
-        out.append(Run.of(simulate(rescued, "learned", seed), RESCUE_LABEL))
     return out
 
 

@@ -90,7 +90,7 @@ def test_a_quicker_look_at_a_few_seeds_keeps_the_held_out_results_as_they_are(tm
 
     seen = {}
 
-    def fake(sets, prior_error, out, key, *, rescue=False, update=True):
+    def fake(sets, prior_error, out, key, *, update=True):
         seen.update(sets=sets, out=out, update=update)
         return {}
 

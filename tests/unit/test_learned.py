@@ -12,7 +12,10 @@ from typing import Any
 
 import pytest
 
-from shared.core.learned import LearnedPolicy
+from shared.core.learned import Curve, LearnedPolicy, Plan, PlanKind, Solution, solve
+from shared.core.learned.guards import take
+from shared.core.learned.observe import observe_straddled
+from shared.core.learned.solver import chances, expected_best_limit
 from shared.core.types import Cls, is_satisfied
 from shared.scenarios.spec import parse_scenario
 from shared.sim.engine import SimResult, simulate
@@ -140,11 +143,11 @@ def test_an_even_split_it_learns_matches_the_oracle_on_the_papers_achievable_exp
         assert res.satisfied_final == res.oracle_satisfied == 10, name
 
 
-def test_the_reason_says_what_the_solver_decided():
+def test_the_last_plans_say_what_the_solver_decided(policies_made):
     res = run(scenario([{"name": "hopeless", "objective_s": 1.0}, {"name": "a", "objective_s": 10.0}]))
-    last = {r["container"]: r["reason"] for r in res.timeline if r["kind"] == "container"}
-    assert last["hopeless"].startswith("learned: unachievable")
-    assert last["a"].startswith("learned: in band")
+    (policy,) = policies_made
+    assert policy.plans["hopeless"].kind is PlanKind.UNACHIEVABLE
+    assert policy.plans["a"].kind is PlanKind.IN_BAND
     assert res.timeline[-1]["cls"] in (Cls.S.value, Cls.G.value, Cls.B.value)
 
 
@@ -193,21 +196,20 @@ def test_under_noise_as_wide_as_the_band_it_aims_where_batches_land_in_band_most
     # sigma 0.12 against a +-10 % band: a slow-edge margin of 1.5 sigma would aim faster than the band
     # (1.1 x exp(-0.18) = 0.92 of the objective); the expected solve aims nearer the centre. Room for
     # everyone (3.1 of 4 cores at the objectives; the floor, 0.67 cores, is slower than each band), so
-    # only the aim differs.
+    # only the aim matters. The slow-edge margin kept 0.39 of batches in band on these runs
+    # (docs/decisions/expected-aim.md).
     objectives = (8.0, 10.0, 12.0)
     containers = [{"name": f"c{i}", "objective_s": o} for i, o in enumerate(objectives)]
-    band = {"expected": [], "margin": []}
-    met = {"expected": [], "margin": []}
-    for target, aim in (("expected", 1.0), ("margin", 0.0)):
-        for seed in (1, 2, 3):
-            res = run(scenario(containers, noise=0.12, duration_s=2400.0, expected_aim=aim), seed)
-            for i, o in enumerate(objectives):
-                band[target].append(_fraction(res, f"c{i}", 900.0, o, lambda ob, lat: is_satisfied(ob, lat, 0.1)))
-                met[target].append(_fraction(res, f"c{i}", 900.0, o, lambda ob, lat: lat <= 1.1 * ob))
+    band, met = [], []
+    for seed in (1, 2, 3):
+        res = run(scenario(containers, noise=0.12, duration_s=2400.0), seed)
+        for i, o in enumerate(objectives):
+            band.append(_fraction(res, f"c{i}", 900.0, o, lambda ob, lat: is_satisfied(ob, lat, 0.1)))
+            met.append(_fraction(res, f"c{i}", 900.0, o, lambda ob, lat: lat <= 1.1 * ob))
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    assert mean(band["expected"]) > mean(band["margin"]) + 0.03, band
+    assert mean(band) > 0.42, band
     # In band at best ~2 Phi(0.1 / 0.12) - 1 = 0.6 of batches; met stays most of the time.
-    assert mean(met["expected"]) >= 0.8, met
+    assert mean(met) >= 0.8, met
 
 
 def test_a_container_left_out_for_room_gets_what_is_left_when_that_gives_it_a_chance():
@@ -217,30 +219,20 @@ def test_a_container_left_out_for_room_gets_what_is_left_when_that_gives_it_a_ch
     # late every batch; all of it brings the third to its slow edge, met about every other batch.
     # Eight seeds: how the noise falls decides how much of the margin the two keep (a run or two in
     # three gives the third little).
-    def met_fractions(aim: float, seed: int) -> list[float]:
+    # An equal split met the three 2.04 batch shares together on these seeds, the third 0.06
+    # (docs/decisions/expected-aim.md); what is left, given whole, does better.
+    def met_fractions(seed: int) -> list[float]:
         sc = scenario([{"name": "c0", "objective_s": 16.6}, {"name": "c1", "objective_s": 16.6},
                        {"name": "c2", "objective_s": 16.6}, {"name": "c3", "objective_s": 1.0}],
-                      cores=2.0, noise=0.05, duration_s=1500.0, expected_aim=aim)
+                      cores=2.0, noise=0.05, duration_s=1500.0)
         res = run(sc, seed)
         return [_fraction(res, f"c{i}", 600.0, 16.6, lambda ob, lat: lat <= 1.1 * ob) for i in range(3)]
 
-    chance = [met_fractions(1.0, seed) for seed in range(1, 9)]
-    split = [met_fractions(0.0, seed) for seed in range(1, 9)]
-    # The third is late (nearly) every batch, in most runs: the three are replicas, and where their
-    # pooled curve leaves margins small enough all three may fit.
-    assert sum(1 for one in split if min(one) <= 0.2) >= 6, split
-    assert all(sum(one) >= 1.9 for one in split), split
+    chance = [met_fractions(seed) for seed in range(1, 9)]
     mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-    assert mean([sum(x) for x in chance]) > mean([sum(x) for x in split]) + 0.1, (chance, split)
+
+    assert mean([sum(x) for x in chance]) > 2.1, chance
     assert mean([min(x) for x in chance]) > 0.25, chance
-
-
-def test_the_aim_is_a_parameter_like_the_others():
-    from shared.core.learned import LearnedParams
-
-    assert LearnedParams().expected_aim == 1.0
-    with pytest.raises(ValueError, match="expected_aim must be a number in"):
-        LearnedParams(expected_aim=2.0)
 
 
 def test_the_noise_it_allows_for_is_the_noise_there_is_after_a_dozen_batches(policies_made):
@@ -270,11 +262,8 @@ class _FixedPlans(LearnedPolicy):
     """The learned allocator's arbitration (dead bands, capacity) on plans given outright."""
 
     def __init__(self, plans) -> None:
-        super().__init__()
+        super().__init__(solver=lambda *_: Solution(dict(self.fixed), set(), set()))
         self.fixed = plans
-
-    def _solve(self, views, cores):
-        return dict(self.fixed)
 
 
 def _views(limits: dict[str, float], objective_s: float = 10.0):
@@ -295,10 +284,8 @@ def test_rises_of_the_best_effort_give_way_before_a_kept_limit_is_cut():
     # Four containers, floor 1/8. "t" is faster than its band even at the floor and keeps its limit
     # (up to 1.5 floors, no trimming); "u" cannot be met and its share rises from 0.15 to 0.25. The
     # plans sum to the node, so what "t" keeps over its plan comes out of that rise: "t" does not move.
-    from shared.core.learned import _Plan
-
-    plans = {"t": _Plan(0.125, "too fast"), "u": _Plan(0.25, "unachievable"),
-             "a": _Plan(0.3, "unachievable"), "b": _Plan(0.325, "unachievable")}
+    plans = {"t": Plan(0.125, PlanKind.TOO_FAST), "u": Plan(0.25, PlanKind.UNACHIEVABLE),
+             "a": Plan(0.3, PlanKind.UNACHIEVABLE), "b": Plan(0.325, PlanKind.UNACHIEVABLE)}
     new = _decide(_FixedPlans(plans), {"t": 0.18, "u": 0.15, "a": 0.3, "b": 0.325})
     assert new["t"] == 0.18
     assert new["u"] == pytest.approx(0.25 - 0.055)
@@ -311,10 +298,8 @@ def test_a_container_too_fast_at_the_floor_is_not_trimmed_as_the_floor_falls_unl
     # it keeps that limit when two more arrive (the floor falls to an eighth: 2 floors), up to 3
     # floors; a newcomer's share of 2 floors is trimmed (not yet held as too fast); and when the
     # others' plans need the room, what it holds over its plan is taken back, only as far as they need.
-    from shared.core.learned import _Plan
-
     def plans(floor: float, others: float, names: str = "abc") -> dict:
-        return {"t": _Plan(floor, "too fast"), **{n: _Plan(others, "learning") for n in names}}
+        return {"t": Plan(floor, PlanKind.TOO_FAST), **{n: Plan(others, PlanKind.LEARNING) for n in names}}
 
     def held_at(limit: float) -> _FixedPlans:
         pol = _FixedPlans(plans(0.25, 0.75, "a"))
@@ -343,11 +328,9 @@ def test_a_container_in_band_is_not_trimmed_for_a_chance_it_barely_gains():
     # worth a move; from 1.6 cores (6.25 s, faster than its band every batch) it is.
     import math
 
-    from shared.core.learned import _Plan
-
     def policy_with_curve(plan_limit: float) -> LearnedPolicy:
-        pol = _FixedPlans({"x": _Plan(plan_limit, "in band"), "y": _Plan(0.25, "unachievable")})
-        curve = pol._curve("x")
+        pol = _FixedPlans({"x": Plan(plan_limit, PlanKind.IN_BAND), "y": Plan(0.25, PlanKind.UNACHIEVABLE)})
+        curve = pol.curve("x")
         for i in range(40):
             cores = (0.8, 1.0, 1.25, 1.6)[i % 4]
             curve.add(math.log(cores), math.log(10.0 / cores) + (0.08 if i % 8 < 4 else -0.08), 1.0, (1.0, 1.0))
@@ -363,10 +346,8 @@ def test_a_container_far_faster_than_its_band_is_trimmed_even_when_the_step_is_w
     # faster than asked for good: it moves, and learns the curve further down.
     import math
 
-    from shared.core.learned import _Plan
-
-    pol = _FixedPlans({"x": _Plan(0.125, "in band"), "y": _Plan(0.25, "unachievable")})
-    curve = pol._curve("x")
+    pol = _FixedPlans({"x": Plan(0.125, PlanKind.IN_BAND), "y": Plan(0.25, PlanKind.UNACHIEVABLE)})
+    curve = pol.curve("x")
     for i in range(20):
         curve.add(0.0, math.log(10.0) + (0.08 if i % 2 else -0.08), 1.0, (1.0, 1.0))
     assert _decide(pol, {"x": 0.25, "y": 0.25}, objective_s=40.0)["x"] == 0.125
@@ -400,20 +381,20 @@ def test_a_container_met_more_often_than_not_at_its_ceiling_gets_its_ceiling():
     import math
 
     policy = LearnedPolicy()
-    curve = policy._curve("x")
+    curve = policy.curve("x")
     for i in range(40):
         cores = (0.5, 0.7, 0.85, 1.0)[i % 4]
         curve.add(math.log(cores), math.log(10.0 / cores) + (0.06 if i % 8 < 4 else -0.06), 1.0, (1.0, 1.0))
     curve.sat_cores = 1.0
-    policy._curve("y")  # no batch yet: still learning
+    policy.curve("y")  # no batch yet: still learning
     views = _views({"x": 0.25, "y": 0.25}, objective_s=9.3)
-    plans = policy._solve(views, 4.0)
-    assert plans["x"].kind == "in band", plans["x"]
+    plans = solve(policy.curves, views, 4.0, policy.settings.limits).plans
+    assert plans["x"].kind is PlanKind.IN_BAND, plans["x"]
     assert plans["x"].limit * 4.0 >= 0.95
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_container_at_the_edge_of_its_ceiling_keeps_it_while_there_is_room(seed):
+def test_a_container_at_the_edge_of_its_ceiling_keeps_it_while_there_is_room(seed, policies_made):
     # At its ceiling (4 threads, 4 cores) c0 takes 2.5 s a batch (log sd 0.1); asked 2.2 s, the band's
     # slow edge is 2.42 s: met about one batch in three there, never at a fair share (2.67 cores, 3.75 s).
     # Whether it counts as met more often than not turns with each batch; the limit must not follow
@@ -424,6 +405,7 @@ def test_a_container_at_the_edge_of_its_ceiling_keeps_it_while_there_is_room(see
                    {"name": "c2", "objective_s": 10.0}], cores=8.0, noise=0.1, duration_s=1800.0,
                   max_interval_s=20.0)
     res = run(sc, seed)
+    (policy,) = policies_made
     late = [r for r in container_rows(res, "c0") if r["t_s"] > 300]
     limits = [r["limit"] for r in late]
     assert sum(1 for a, b in zip(limits, limits[1:], strict=False) if a != b) <= 2, limits
@@ -431,9 +413,9 @@ def test_a_container_at_the_edge_of_its_ceiling_keeps_it_while_there_is_room(see
     assert _fraction(res, "c0", 300.0, 2.2, lambda ob, lat: lat <= 1.1 * ob) >= 0.15
     for other in ("c1", "c2"):  # and the others keep theirs
         assert _fraction(res, other, 300.0, 10.0, lambda ob, lat: lat <= 1.1 * ob) >= 0.8
-    # Whichever way the verdict falls, the reason says why it holds that limit.
-    reasons = {r["reason"].split(" (")[0] for r in late}
-    assert reasons <= {"learned: in band", "learned: unachievable, given what is left for a chance"}, reasons
+    # Whichever way the verdict falls, it holds that limit as met or as given what is left for a chance.
+    kind = policy.plans["c0"].kind
+    assert kind is PlanKind.IN_BAND or (kind is PlanKind.UNACHIEVABLE and "c0" in policy.chances), kind
 
 
 def test_a_wild_first_fit_is_unachievable_not_an_overflow():
@@ -442,13 +424,12 @@ def test_a_wild_first_fit_is_unachievable_not_an_overflow():
     # past a float's range of cores, the need is infinite (it cannot be met), not an OverflowError.
     import math
 
-    from shared.core.learned import Curve
 
     c = Curve()
     c.add(-699.0, math.log(0.5), 0.3, (1.0, 1.0))
     c.add(-697.0, math.log(63.0), 1.0, (1.0, 1.0))
     fit = c.solve()
-    assert fit is not None and fit[1] == 0.3
+    assert fit is not None and fit.k == 0.3
     # Within range it answers on the line through its data (log latency ~4 at log cores ~-698).
     need = c.cores_for(1.0, 0.0)
     assert need is not None and 0 < need < 1e-290
@@ -462,7 +443,6 @@ def test_the_aim_is_where_the_value_peaks_not_the_nearest_grid_step():
     # moved 0.496 <-> 0.529 four times in 80 s). The aim must be within about 1 % of the peak.
     import math
 
-    from shared.core.learned import Curve, _chances, expected_best_limit
     from shared.core.types import ContainerView
 
     curve = Curve()
@@ -474,7 +454,7 @@ def test_the_aim_is_where_the_value_peaks_not_the_nearest_grid_step():
         v = ContainerView(name="c", objective_s=objective, alpha=0.1, latency_s=None, last_latency_s=None,
                           cpu_share=None, limit=None)
         dense = [0.05 * (20.0 ** (j / 3999)) for j in range(4000)]
-        peak = max(dense, key=lambda lim: sum(_chances(curve, v, lim * cores)))
+        peak = max(dense, key=lambda lim: sum(chances(curve, v, lim * cores)))
         aim = expected_best_limit(curve, v, cores, 0.05, 1.0)
         off.append(abs(math.log(aim / peak)))
     assert max(off) < 0.012, off
@@ -486,24 +466,23 @@ def test_one_odd_batch_is_held_out_until_the_next_says_whether_the_curve_moved()
     # the curve never restarted (random-cluster seed 17: a mixed fit with k 0.72 for 900 s).
     import math
 
-    from shared.core.learned import Curve, _take
 
     def two_seen() -> Curve:
         c = Curve()
         for y in (150.0, 140.0):
-            _take(c, math.log(0.5), math.log(y), 1.0, (0.917, 0.917))
+            take(c, math.log(0.5), math.log(y), 1.0, (0.917, 0.917))
         return c
 
     drift = two_seen()
-    _take(drift, math.log(0.5), math.log(245.0), 1.0, (0.917, 0.917))
+    take(drift, math.log(0.5), math.log(245.0), 1.0, (0.917, 0.917))
     assert drift.n == 2 and len(drift.suspects) == 1 and drift.noise < 0.08
-    _take(drift, math.log(0.5), math.log(250.0), 1.0, (0.917, 0.917))  # slow again
+    take(drift, math.log(0.5), math.log(250.0), 1.0, (0.917, 0.917))  # slow again
     assert drift.n == 2 and not drift.suspects  # restarted from the two slow batches
     assert math.exp(drift.predict(0.5)[0]) > 200.0
 
     odd = two_seen()
-    _take(odd, math.log(0.5), math.log(245.0), 1.0, (0.917, 0.917))
-    _take(odd, math.log(0.5), math.log(147.0), 1.0, (0.917, 0.917))  # back on the curve: it was one odd batch
+    take(odd, math.log(0.5), math.log(245.0), 1.0, (0.917, 0.917))
+    take(odd, math.log(0.5), math.log(147.0), 1.0, (0.917, 0.917))  # back on the curve: it was one odd batch
     assert odd.n == 4 and not odd.suspects
     assert math.exp(odd.predict(0.5)[0]) < 165.0
 
@@ -515,13 +494,12 @@ def test_a_batch_that_straddled_several_limits_is_read_from_the_cpu_it_used():
     # cores it used before it on average (10 - 0.5 x 4 CPU-seconds over 6 s), 20 s: the truth.
     import math
 
-    from shared.core.learned import Curve
     from shared.core.types import BatchObs
 
     curve = Curve()
     batch = BatchObs(latency_s=10.0, finished_at_s=110.0, limit=0.125, clean=False, index=3, cpu_s=10.0,
                      since_s=106.0, prev_limit=0.25)
-    LearnedPolicy._observe_straddled(batch, curve, 4.0, (1.0, 1.0))
+    observe_straddled(batch, curve, 4.0, (1.0, 1.0))
     assert curve.n == 1
     assert math.exp(curve.sy / curve.sw) == pytest.approx(20.0)
     assert math.exp(curve.sx / curve.sw) == pytest.approx(0.5)

@@ -12,14 +12,8 @@ import time
 
 import pytest
 
-from shared.core.learned import (
-    HEIGHT_SPREAD_MIN,
-    Curve,
-    LearnedParams,
-    LearnedPolicy,
-    _group_of,
-    _pool_heights,
-)
+from shared.core.learned import Curve, LearnedParams, LearnedPolicy, PlanKind
+from shared.core.learned.pooling import HEIGHT_SPREAD_MIN, group_of, pool_heights
 from shared.core.types import BatchObs, ContainerView, NodeView, workload_of
 from shared.scenarios.spec import parse_scenario
 from shared.sim.engine import simulate
@@ -69,9 +63,11 @@ def test_a_newcomer_with_a_replica_is_placed_before_its_first_batch(pool, seen):
     if pool:
         latency = 8.0 / (b.new_limit * CORES)
         assert (8.1 if seen == 2 else 4.5) <= latency <= 9.9, b
-        assert "replicas' curve" in b.reason and "0 batches" in b.reason, b.reason
+        # Placed by its replicas' curve before any batch of its own.
+        assert policy.curves["b"].height_node is not None and policy.curves["b"].n == 0
+        assert policy.plans["b"].kind is not PlanKind.LEARNING, policy.plans["b"]
     else:
-        assert "learning" in b.reason, b.reason
+        assert policy.plans["b"].kind is PlanKind.LEARNING, policy.plans["b"]
 
 
 def test_replicas_that_differ_are_each_learnt_from_their_own_batches():
@@ -116,11 +112,11 @@ def test_a_replica_whose_curve_moved_leaves_the_pool():
 
 def test_a_model_known_by_its_label_joins_its_replicas_while_they_run_one_batch_size():
     one = {"m@10": {}}
-    assert _group_of("m", one) == "m@10"
-    assert _group_of("m@10", one) == "m@10"
-    assert _group_of("m@20", one) is None
-    assert _group_of("m", {"m@10": {}, "m@20": {}}) is None  # which one it will be is not known
-    assert _group_of("other", one) is None and _group_of(None, one) is None
+    assert group_of("m", one) == "m@10"
+    assert group_of("m@10", one) == "m@10"
+    assert group_of("m@20", one) is None
+    assert group_of("m", {"m@10": {}, "m@20": {}}) is None  # which one it will be is not known
+    assert group_of("other", one) is None and group_of(None, one) is None
     assert workload_of("resnet50", 10) == "resnet50@10" and workload_of("resnet50") == "resnet50"
     assert workload_of(None, 10) is None and workload_of("", None) is None
 
@@ -130,7 +126,7 @@ def test_no_replica_seen_no_prior():
     a.add(0.0, math.log(6.0), 1.0, (1.0, 1.0))
     b.add(0.0, math.log(3.0), 1.0, (1.0, 1.0))
     curves = {"a": a, "b": b}
-    _pool_heights(curves)
+    pool_heights(curves)
     assert a.height_node is None and b.height_node is None  # one of each model: nobody to learn from
 
 

@@ -11,16 +11,8 @@ import math
 
 import pytest
 
-from shared.core.learned import (
-    K_PRIOR_SD,
-    K_RANGE,
-    POOL_MIN,
-    Curve,
-    LearnedParams,
-    LearnedPolicy,
-    _between_variance,
-    _pool_slopes,
-)
+from shared.core.learned import K_PRIOR_SD, K_RANGE, POOL_MIN, Curve, LearnedParams, LearnedPolicy
+from shared.core.learned.pooling import between_variance, pool_slopes
 from shared.core.types import BatchObs, ContainerView, NodeView
 
 DECAY = (0.5 ** (1 / 8), 0.5 ** (1 / 8))
@@ -48,23 +40,23 @@ def pooled(slopes: list[tuple[float, float]], tau2: float) -> tuple[float, float
 def own_slope(c: Curve) -> tuple[float, float]:
     f = c.solve_memory(c.long_active, own=True)
     assert f is not None
-    return f[1], f[4]
+    return f.k, f.var_k
 
 
 def test_slopes_that_agree_have_no_spread_and_those_that_disagree_have_theirs():
-    assert _between_variance([[(1.0, 0.01)] * 4]) == 0.0
+    assert between_variance([[(1.0, 0.01)] * 4]) == 0.0
     slopes = [(0.7, 0.001), (1.0, 0.001), (1.3, 0.001), (1.6, 0.001)]
     spread2 = sum((k - 1.15) ** 2 for k, _ in slopes) / 3
     # What the estimates spread beyond their own variance.
-    assert _between_variance([slopes]) == pytest.approx(spread2 - 0.001, rel=1e-6)
+    assert between_variance([slopes]) == pytest.approx(spread2 - 0.001, rel=1e-6)
 
 
 def test_each_prior_is_the_pool_of_the_others_with_everyones_spread():
     curves = {f"n{i}": seen(k, (0.5, 1.0, 2.0)) for i, k in enumerate((0.9, 1.0, 1.1, 1.3))}
     curves["new"] = seen(1.0, (1.0,), rounds=2)
-    _pool_slopes(curves)
+    pool_slopes(curves)
     pinned = {n: own_slope(curves[n]) for n in curves if n != "new"}
-    tau2 = _between_variance([list(pinned.values())])
+    tau2 = between_variance([list(pinned.values())])
     assert tau2 > 0
     assert curves["new"].k_node == pytest.approx(pooled(list(pinned.values()), tau2), rel=1e-9)
     for name in pinned:
@@ -77,7 +69,7 @@ def test_a_container_seen_at_one_limit_borrows_its_neighbours_slope():
     curves["new"] = seen(1.0, (1.0,), rounds=3)
     alone = Curve(**{f: getattr(curves["new"], f) for f in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n")},
                   long_sums=list(curves["new"].long_sums))
-    _pool_slopes(curves)
+    pool_slopes(curves)
     prior = curves["new"].k_node
     assert prior is not None and prior[0] == pytest.approx(1.0, abs=0.02) and prior[1] < K_PRIOR_SD / 3
     # Far from where it was seen, what it foresees is much surer than on its own.
@@ -86,7 +78,7 @@ def test_a_container_seen_at_one_limit_borrows_its_neighbours_slope():
     assert far_pooled[1] < far_alone[1] / 2
     # One limit says little of a slope: the newcomer's does not join the pool of the others.
     without = {n: seen(1.0, (0.5, 1.0, 2.0)) for n in curves if n != "new"}
-    _pool_slopes(without)
+    pool_slopes(without)
     assert all(without[n].k_node == curves[n].k_node for n in without)
 
 
@@ -95,7 +87,7 @@ def test_a_slope_never_informs_its_own_prior():
     # which sees all of them, does.
     curves = {f"n{i}": seen(1.0, (0.5, 1.0, 2.0)) for i in range(POOL_MIN)}
     curves["new"] = seen(1.0, (1.0,), rounds=2)
-    _pool_slopes(curves)
+    pool_slopes(curves)
     assert all(curves[f"n{i}"].k_node is None for i in range(POOL_MIN))
     assert curves["new"].k_node is not None
 
@@ -106,9 +98,9 @@ def test_a_neighbour_with_another_slope_is_learnt_from_its_own_batches():
     curves = {f"n{i}": seen(1.0, (0.5, 1.0, 2.0)) for i in range(3)}
     curves["odd"] = seen(1.6, (0.5, 1.0, 2.0))
     curves["new"] = seen(1.0, (1.0,), rounds=2)
-    _pool_slopes(curves)
+    pool_slopes(curves)
     fit = curves["odd"].solve()
-    assert fit is not None and fit[1] == pytest.approx(1.6, abs=0.1)
+    assert fit is not None and fit.k == pytest.approx(1.6, abs=0.1)
     # The newcomer's prior is not narrower than the slopes it comes from disagree.
     prior = curves["new"].k_node
     assert prior is not None and prior[1] >= 0.2
@@ -153,7 +145,7 @@ def test_a_slope_past_the_range_is_clamped_and_the_line_still_runs_through_the_d
     # for that k; theta of k = 5 with k = 3 would put the curve 2 x mean(log cores) off its data.
     c = seen(5.0, (1.0, 2.0, 3.0), rounds=6)
     fit = c.solve()
-    assert fit is not None and fit[1] == K_RANGE[1]
+    assert fit is not None and fit.k == K_RANGE[1]
     mean_x, mean_y = c.sx / c.sw, c.sy / c.sw
     pred = c.predict(math.exp(mean_x))
     assert pred is not None and pred[0] == pytest.approx(mean_y, abs=0.02)

@@ -164,14 +164,14 @@ def _scenario(follows: bool, **controller: Any):
     })
 
 
-def test_the_learned_allocator_gives_a_follower_that_needs_two_threads_two_whole_cores():
+def test_the_learned_allocator_gives_a_follower_that_needs_two_threads_two_whole_cores(policies_made):
     res = simulate(_scenario(True), "learned", 1, record=True)
     a = next(f for f in res.final if f.name == "a")
     assert a.met and a.satisfied
     assert a.limit * 4.0 == pytest.approx(2.0)  # whole cores: 1.9 would run one thread, 2.1 waste 0.1
     assert res.met_final == 4
-    reasons = [r["reason"] for r in res.timeline if r["kind"] == "container" and r["container"] == "a"]
-    assert reasons and "threads follow the limit" in reasons[-1]
+    (policy,) = policies_made
+    assert policy.curves["a"].steps  # read as a container whose threads follow its limit
     # Read as a limit of cores it may use (the earlier reading), a limit short of two cores runs one
     # thread at 10 s a batch, which looks like a ceiling of one core: never met.
     res0 = simulate(_scenario(True, thread_steps=0.0), "learned", 1, record=True)

@@ -12,10 +12,10 @@ from shared.core import registry
 
 
 def test_params_from_the_flag_or_the_environment_reach_the_policy(monkeypatch):
-    cfg = parse(["--runtime", "docker", "--policy", "learned", "--param", "half_life_s=0, confidence_z=1.5"])
-    assert cfg.params == (("half_life_s", 0.0), ("confidence_z", 1.5))
+    cfg = parse(["--runtime", "docker", "--policy", "learned", "--param", "half_life_s=0, dead_band=0.1"])
+    assert cfg.params == (("half_life_s", 0.0), ("dead_band", 0.1))
     params = registry.params_for("learned", policy_settings(cfg, None))
-    assert params.half_life_s == 0.0 and params.confidence_z == 1.5
+    assert params.half_life_s == 0.0 and params.dead_band == 0.1
     monkeypatch.setenv("DQOES_POLICY_PARAMS", "half_life_s=30")
     cfg = parse(["--runtime", "docker", "--policy", "learned", "--alpha", "0.2"])
     assert policy_settings(cfg, None) == {"alpha": 0.2, "half_life_s": 30.0}

@@ -1,0 +1,294 @@
+"""One container's curve: the sums its fit is solved from, its priors, and what it knows of itself.
+
+A `Curve` holds two memories of its observations (a half-life in batches and a longer one in
+seconds), the priors the node gives it (slope, height), its ceiling (`sat_cores`), whether its
+threads follow its limit (`steps`), and the state of its drift watch (a restart and the curve before
+it, kept a few batches in case the move was a passing spell). It answers: the fit
+(`solve`, a `Fit`), the predicted log latency at a limit, and the least limit for a latency.
+What observations it takes, and how, is `observe`'s; when it restarts is `guards`'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from shared.core.learned.fit import K_PRIOR_SD, NOISE_PRIOR, Fit, exp_or_inf, solve_sums
+from shared.core.profiles import whole_threads
+
+BACK_SD = 2.0
+"""After a restart, a batch within this many sd of the curve before it counts towards restoring it."""
+RESTART_KEEP_N = 3
+"""A curve restarted after at least this many observations keeps its slope as a prior, and itself as
+the curve before the restart."""
+RESTART_K_SD_MIN = 0.1
+"""The narrowest prior sd on k a restarted curve keeps from its slope."""
+RESTART_WATCH = 6
+"""Batches after a restart during which the curve before it may be restored."""
+
+
+class Suspect(NamedTuple):
+    """A batch held out of the fit, beyond OUTLIER_SD, until the next says whether the curve moved."""
+
+    resid: float
+    """Its log latency less the curve's prediction."""
+    x: float
+    """log cores it ran at."""
+    y: float
+    """Its log latency."""
+    w: float
+    """Its weight."""
+    start_s: float
+    """When it started (NaN: not known)."""
+
+
+class Deviation(NamedTuple):
+    """How far one clean batch lay off its curve before the curve took it (for the node's spell check)."""
+
+    start_s: float
+    end_s: float
+    z: float
+    """Its deviation, in the sd a batch has about the curve's prediction."""
+
+
+class Foresight(NamedTuple):
+    """What each memory expected of the batches under the limit set last."""
+
+    cores: float
+    """The limit set last, in cores."""
+    short: float
+    """Mean log latency there by the memory in batches."""
+    long: float
+    """The same by the memory in seconds."""
+    at_s: float
+    """When it was foreseen."""
+
+
+@dataclass(slots=True)
+class Timing:
+    """When a container's batches can next change a decision, and whether they are off their curve."""
+
+    changed_at_s: float | None = None
+    """When its limit was last changed."""
+    last_clean_s: float | None = None
+    """When the latest clean batch finished (verifies the latest change once after it)."""
+    expect_at_s: float | None = None
+    """When the next batch that tells something about the limit set last is due."""
+    expected: tuple[float, float] | None = None
+    """(mean log latency, tolerance) the curve gives at the limit set last: batches beyond it are strikes."""
+    strikes: int = 0
+    """Batches in a row beyond `expected`: two call a round at once."""
+    batch_s: float | None = None
+    """Its latest batch's latency: how soon the next one tells something."""
+
+
+@dataclass(slots=True)
+class Curve:
+    """One container's fitted log-latency line and what it knows about its saturation."""
+
+    # Decayed weighted sums over observations (x = log cores, y = log latency).
+    sw: float = 0.0
+    sw2: float = 0.0
+    """Decayed sum of squared weights: with sw, how many observations the weights amount to."""
+    sx: float = 0.0
+    sy: float = 0.0
+    sxx: float = 0.0
+    sxy: float = 0.0
+    syy: float = 0.0
+    n: int = 0
+    """Observations taken (not weighted)."""
+    long_sums: list[float] = field(default_factory=lambda: [0.0] * 7)
+    """The same sums (sw, sw2, sx, sy, sxx, sxy, syy) over the longer memory (`half_life_s`)."""
+    long_active: bool = False
+    """The fit uses the longer memory: it foresaw this container's batches better."""
+    foresight: Foresight | None = None
+    """(limit set last, in cores; mean log latency there by the short memory; by the long one; when)."""
+    evidence: float = 0.0
+    """Decayed sum, over batches under the limit set last, of the short memory's squared error less
+    the long one's: above SWITCH_EVIDENCE x `spread`, the long one foresaw them better."""
+    spread: float = 0.0
+    """Decayed sum of both memories' squared errors (the scale of `evidence`)."""
+    theta_mean: float = 0.0
+    theta_sd: float = math.inf
+    """Prior on theta0 (log CPU-seconds at one core); infinite: none."""
+    k_mean: float = 1.0
+    k_sd: float = K_PRIOR_SD
+    k_node: tuple[float, float] | None = None
+    """(mean, sd) of the slope the node's other containers show (docs/design/learned.md, "Slopes shared
+    on a node"): the prior on k in place of (k_mean, k_sd) where it is narrower."""
+    height_node: tuple[float, float, float] | None = None
+    """(x0, mean, variance) of its log latency at log cores x0 as its replicas on the node show it (same
+    model and batch; docs/design/learned.md, "Work shared by replicas"): a prior on its curve's height."""
+    workload: str | None = None
+    """What it runs (model and images per batch), as its batches report it; None: not known."""
+    solo: bool = False
+    """Its curve moved on its own (a drift restart): its replicas' curves no longer speak for it."""
+    sat_cores: float | None = None
+    """Most cores the container has been seen able to use; None: no sign of a ceiling."""
+    steps: bool = False
+    """Its threads follow its limit and the policy reads them so: above one core, a limit gives only its
+    whole cores (`at_limit`), and a need there is met by the next whole core (`limit_for`)."""
+    suspects: list[Suspect] = field(default_factory=list)
+    """The latest batch beyond OUTLIER_SD, held out of the fit until the next one tells whether the
+    curve moved (drift watch): (residual, x, y, weight, when it started)."""
+    recent: list[Deviation] = field(default_factory=list)
+    """Its latest clean batches as its curve saw them before taking them: (start, end, deviation in
+    sd), SPELL_RECENT at most; what its neighbours read to tell a node's spell from their own drift."""
+    spell_held: int = 0
+    """Restarts in a row not made because the node's other containers were off alike."""
+    fit: Fit | None = None
+    """The last fit (cleared whenever its sums or priors change)."""
+    timing: Timing = field(default_factory=Timing)
+    """When its batches can next change a decision: the policy's reading, not the model's."""
+    before: Curve | None = None
+    """The curve as it was before the latest restart, while batches may still show it was right."""
+    since_restart: int = 0
+    back: int = 0
+    """Consecutive batches since the restart that the curve before it explains."""
+
+    @property
+    def noise(self) -> float:
+        """The batch-to-batch noise (sd of log latency): the fit's own, over its decayed window."""
+        f = self.solve()
+        return f.noise_sd if f is not None else NOISE_PRIOR
+
+    def add(self, x: float, y: float, w: float, decay: tuple[float, float]) -> None:
+        """One observation into both memories; `decay` is what each keeps of its past."""
+        d, dl = decay
+        ls = self.long_sums
+        for i, v in enumerate((w, w * w, w * x, w * y, w * x * x, w * x * y, w * y * y)):
+            ls[i] = ls[i] * (dl * dl if i == 1 else dl) + v
+        self.sw = self.sw * d + w
+        self.sw2 = self.sw2 * d * d + w * w
+        self.sx = self.sx * d + w * x
+        self.sy = self.sy * d + w * y
+        self.sxx = self.sxx * d + w * x * x
+        self.sxy = self.sxy * d + w * x * y
+        self.syy = self.syy * d + w * y * y
+        self.n += 1
+        self.fit = None
+
+    def restart(self) -> None:
+        """Forget every observation (the curve moved); keep what was learnt of k as a prior, and the
+        curve itself for a few batches, in case the move was a passing slow spell."""
+        f = self.solve()
+        self.before = (dataclasses.replace(self, suspects=[], recent=[], before=None, long_sums=list(self.long_sums),
+                                           timing=Timing())
+                       if f is not None and self.n >= RESTART_KEEP_N else None)
+        self.since_restart = self.back = self.spell_held = 0
+        if f is not None and self.n >= RESTART_KEEP_N:
+            self.k_mean, self.k_sd = f.k, max(RESTART_K_SD_MIN, math.sqrt(f.var_k))
+        self.sw = self.sw2 = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
+        self.long_sums = [0.0] * 7
+        self.foresight = None
+        self.n = 0
+        self.theta_sd = math.inf
+        self.solo, self.height_node = True, None
+        self.suspects.clear()
+        self.fit = None
+
+    def check_back(self, x: float, y: float) -> None:
+        """After a restart: restore the curve before it once two batches in a row land where it put
+        them (the slow spell that set the restart off has passed)."""
+        old = self.before
+        if old is None:
+            return
+        self.since_restart += 1
+        pred, fit = old.predict(math.exp(x)), old.solve()
+        if pred is not None and fit is not None and abs(y - pred[0]) <= BACK_SD * max(fit.noise_sd, NOISE_PRIOR):
+            self.back += 1
+        else:
+            self.back = 0
+        if self.back >= 2:
+            for name in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd",
+                         "long_sums", "solo"):
+                setattr(self, name, getattr(old, name))
+            self.before, self.fit = None, None
+        elif self.since_restart >= RESTART_WATCH:
+            self.before = None
+
+    def solve(self) -> Fit | None:
+        """Posterior of (theta0, k) and the noise sd, or None with no observation at all."""
+        if self.fit is None:
+            self.fit = self.solve_memory(self.long_active)
+        return self.fit
+
+    @property
+    def short_sums(self) -> list[float]:
+        """The sums over the memory in batches, in the order of `long_sums`."""
+        return [self.sw, self.sw2, self.sx, self.sy, self.sxx, self.sxy, self.syy]
+
+    def k_prior(self) -> tuple[float, float]:
+        """(mean, sd) of the prior on k in use: the node's where it is narrower than the curve's own."""
+        if self.k_node is not None and self.k_node[1] < self.k_sd:
+            return self.k_node
+        return self.k_mean, self.k_sd
+
+    def solve_memory(self, long: bool, own: bool = False) -> Fit | None:
+        """The fit over the short memory (half-life in batches) or the long one (`half_life_s`); with
+        `own`, its own data under its own prior on k alone (what it says by itself, for the node's pools).
+        A curve with no data of its own but a height from its replicas is fitted on that alone."""
+        return solve_sums(self.long_sums if long else self.short_sums,
+                          (self.k_mean, self.k_sd) if own else self.k_prior(),
+                          (self.theta_mean, self.theta_sd), None if own else self.height_node)
+
+    def at_limit(self, limit_cores: float) -> float:
+        """The cores a batch can use under this limit: the limit, or with threads that follow it, the
+        whole cores of a limit above one (a limit of 1.6 runs one thread)."""
+        if self.steps and limit_cores > 1.0:
+            return float(whole_threads(limit_cores))
+        return limit_cores
+
+    def limit_for(self, cores: float) -> float:
+        """The least limit (cores) under which a batch can use `cores`: itself, or with threads that
+        follow the limit, the next whole core above one."""
+        if self.steps and cores > 1.0 + 1e-9 and math.isfinite(cores):
+            return float(math.ceil(cores - 1e-9))
+        return cores
+
+    def snap(self, limit: float, cores: float, floor: float) -> float:
+        """A limit (fraction of a node of `cores`) cut to the whole cores its threads can use above one
+        (never below `floor`); unchanged where threads do not follow the limit."""
+        if not self.steps:
+            return limit
+        return max(floor, min(limit, self.at_limit(limit * cores) / cores))
+
+    def predict_limit(self, limit_cores: float, fit: Fit | None = None) -> tuple[float, float] | None:
+        """`predict` under a limit of `limit_cores` (what its threads can use of it)."""
+        return self.predict(self.at_limit(limit_cores), fit)
+
+    def predict(self, cores: float, fit: Fit | None = None) -> tuple[float, float] | None:
+        """(mean, model sd) of log latency with `cores` (by `fit`, else the curve's own), or None before
+        any observation."""
+        f = fit or self.solve()
+        if f is None:
+            return None
+        c = min(cores, self.sat_cores) if self.sat_cores is not None else cores
+        return f.mean_sd(math.log(max(c, 1e-6)))
+
+    def cores_for(self, latency_s: float, z: float) -> float | None:
+        """Least limit (cores) whose latency, with z model sds of margin, is at most `latency_s`.
+
+        math.inf when even the saturation point is too slow, or when the fit asks for more cores
+        than a float holds (a wild first fit); None before any observation. With threads that
+        follow the limit, a need above one core is the next whole core.
+        """
+        f = self.solve()
+        if f is None:
+            return None
+        theta, k = f.theta, f.k
+        target = math.log(latency_s)
+        c = exp_or_inf((theta - target) / k)
+        for _ in range(3):  # the margin depends (weakly) on where it is evaluated
+            if not math.isfinite(c):
+                return math.inf
+            pred = self.predict(c)
+            assert pred is not None
+            c = exp_or_inf((theta + z * pred[1] - target) / k)
+        if self.sat_cores is not None and c > self.sat_cores * 1.02:
+            return math.inf
+        return self.limit_for(c)
+
+

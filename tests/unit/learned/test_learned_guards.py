@@ -1,0 +1,139 @@
+"""The guards (shared/core/learned/guards.py) on explicit sequences of batches and limits."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from shared.core.learned import RESTART_WATCH, Curve, Plan, PlanKind
+from shared.core.learned.guards import (
+    BEST_EFFORT_DEAD_BAND,
+    MAX_STEP_UNCERTAIN,
+    OUTLIER_SD,
+    kept,
+    settle,
+    stepped,
+    take,
+)
+from shared.core.types import ContainerView
+
+DECAY = (0.917, 0.917)
+X = math.log(1.0)
+
+
+def settled(n: int = 12) -> Curve:
+    """A curve that has seen n batches of 10 s at one core, +-1 %."""
+    c = Curve()
+    for i in range(n):
+        take(c, X, math.log(10.0) + (0.01 if i % 2 else -0.01), 1.0, DECAY)
+    return c
+
+
+def test_one_batch_far_off_is_held_out_and_released_down_weighted_when_the_next_is_back():
+    c = settled()
+    sd_before = c.noise
+    take(c, X, math.log(20.0), 1.0, DECAY)
+    assert c.n == 12 and len(c.suspects) == 1 and c.noise == sd_before
+    take(c, X, math.log(10.0), 1.0, DECAY)
+    assert c.n == 14 and not c.suspects
+    assert math.exp(c.predict(1.0)[0]) < 11.0  # the odd batch counted little
+
+
+def test_two_batches_far_off_on_one_side_restart_the_curve_from_them():
+    c = settled()
+    take(c, X, math.log(20.0), 1.0, DECAY)
+    take(c, X, math.log(21.0), 1.0, DECAY)
+    assert c.n == 2 and c.solo and c.before is not None
+    assert math.exp(c.predict(1.0)[0]) == pytest.approx(20.5, rel=0.03)
+
+
+def test_two_far_off_on_opposite_sides_are_no_drift():
+    c = settled()
+    take(c, X, math.log(20.0), 1.0, DECAY)
+    take(c, X, math.log(5.0), 1.0, DECAY)
+    assert c.n == 13 and len(c.suspects) == 1 and c.before is None
+
+
+def test_a_restart_is_undone_when_two_batches_land_where_the_curve_before_put_them():
+    c = settled()
+    take(c, X, math.log(20.0), 1.0, DECAY)
+    take(c, X, math.log(21.0), 1.0, DECAY)
+    for _ in range(2):
+        take(c, X, math.log(10.0), 1.0, DECAY)
+    assert c.before is None and not c.solo
+    assert math.exp(c.predict(1.0)[0]) == pytest.approx(10.0, rel=0.03)
+
+
+def test_a_spell_of_the_node_holds_a_restart_off_for_as_many_batches_as_a_restart_is_watched():
+    c = settled()
+    asked = []
+
+    def spell(start_s: float, side: float) -> bool:
+        asked.append(side)
+        return True
+
+    for i in range(RESTART_WATCH + 2):
+        take(c, X, math.log(20.0), 1.0, DECAY, float(i), spell)
+        if i <= RESTART_WATCH:
+            assert c.n == 12, i  # held: the node was slow alike
+    assert c.n <= 3 and c.solo  # past the watch: a drift after all
+    assert asked and all(side == 1.0 for side in asked)
+
+
+def view(limit: float, objective_s: float = 10.0) -> ContainerView:
+    return ContainerView(name="x", objective_s=objective_s, alpha=0.1, latency_s=None, last_latency_s=None,
+                         cpu_share=None, limit=limit, batches=())
+
+
+@pytest.mark.parametrize(("old", "new", "stays"), [(0.25, 0.26, True), (0.25, 0.24, True), (0.25, 0.5, False)])
+def test_an_aimed_limit_moves_only_past_the_dead_band(old, new, stays):
+    c = settled(40)  # 10 CPU-s at one core; on 4 cores a quarter of the node gives 10 s
+    plan = Plan(new, PlanKind.IN_BAND, new)
+    # 0.5 is 5 s a batch: faster than the band, a move worth its while.
+    assert kept(plan, c, view(old, objective_s=5.0 if new == 0.5 else 10.0), old, 4.0, 0.1, 0.05, None) is stays
+
+
+def test_a_best_effort_share_moves_only_past_its_wide_dead_band():
+    c = settled()
+    small = 0.3 * (1 + BEST_EFFORT_DEAD_BAND * 0.9)
+    large = 0.3 * (1 + BEST_EFFORT_DEAD_BAND * 1.5)
+    for kind in (PlanKind.NO_ROOM, PlanKind.UNACHIEVABLE):
+        assert kept(Plan(small, kind), c, view(0.3), 0.3, 4.0, 0.1, 0.05, None)
+        assert not kept(Plan(large, kind), c, view(0.3), 0.3, 4.0, 0.1, 0.05, None)
+
+
+def test_a_container_too_fast_keeps_what_it_holds_within_the_slack():
+    c = settled()
+    plan = Plan(0.1, PlanKind.TOO_FAST)
+    assert not kept(plan, c, view(0.2), 0.2, 4.0, 0.1, 0.05, None)  # 2 floors, never held: trimmed
+    assert kept(plan, c, view(0.2), 0.2, 4.0, 0.1, 0.05, 0.2)  # held there as too fast: kept
+
+
+def test_an_uncertain_fit_moves_a_limit_at_most_by_a_factor_a_round():
+    c = Curve()  # no fit: as uncertain as it gets
+    assert stepped(c, 0.8, 0.1, 4.0, 0.05) == pytest.approx(0.1 * MAX_STEP_UNCERTAIN)
+    assert stepped(c, 0.01, 0.1, 4.0, 0.005) == pytest.approx(0.1 / MAX_STEP_UNCERTAIN)
+    assert stepped(settled(40), 0.5, 0.1, 4.0, 0.05) == 0.5  # a sure fit moves at once
+
+
+def test_limits_kept_where_they_are_never_overcommit_the_node():
+    # "k" stays at 0.4 over its plan of 0.2; "u" (best effort) was to rise from 0.2 to 0.4 with room
+    # that "k" now holds: its rise gives way first, then overshoots.
+    plans = {"k": Plan(0.2, PlanKind.IN_BAND), "u": Plan(0.4, PlanKind.UNACHIEVABLE),
+             "a": Plan(0.4, PlanKind.IN_BAND)}
+    proposal = {"k": 0.4, "u": 0.4, "a": 0.4}
+    settle(proposal, plans, {"k": 0.4, "u": 0.2, "a": 0.4}, set(), 1 / 6)
+    assert proposal == pytest.approx({"k": 0.4, "u": 0.2, "a": 0.4})
+    proposal = {"k": 0.6, "u": 0.4, "a": 0.4}
+    settle(proposal, plans, {"k": 0.6, "u": 0.2, "a": 0.4}, set(), 1 / 6)
+    assert sum(proposal.values()) == pytest.approx(1.0)
+    assert proposal["a"] == 0.4 and proposal["u"] == pytest.approx(0.2) and proposal["k"] == pytest.approx(0.4)
+
+
+def test_the_outlier_threshold_is_in_standard_deviations():
+    sd = math.hypot(max(settled().noise, 0.05), settled().predict(1.0)[1])
+    within, beyond = settled(), settled()
+    take(within, X, math.log(10.0) + 0.9 * OUTLIER_SD * sd, 1.0, DECAY)
+    take(beyond, X, math.log(10.0) + 1.1 * OUTLIER_SD * sd, 1.0, DECAY)
+    assert not within.suspects and len(beyond.suspects) == 1
