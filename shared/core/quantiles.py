@@ -117,6 +117,8 @@ def bucket_quantile(q: float, buckets: Iterable[Bucket]) -> float:
         start = bounds[b - 1]
         count -= counts[b - 1]
         rank -= counts[b - 1]
+    if count == 0:  # rank 0 in an empty first bucket: Go's 0/0
+        return math.nan
     return start + (end - start) * (rank / count)
 
 
