@@ -156,6 +156,9 @@ def histogram_window(q: float, before: Histogram, after: Histogram, elapsed_s: f
     if not math.isfinite(value):
         return WindowReading("bad", requests=requests, rate_per_s=rate,
                              detail=f"the quantile is {value} (the highest bucket holds it and no finite bound is below)")
+    if value <= 0:
+        return WindowReading("bad", requests=requests, rate_per_s=rate,
+                             detail=f"the quantile is {value:g}: a latency is above 0 (buckets with bounds <= 0?)")
     return WindowReading("reset" if reset else "ok", value * unit_s, requests, rate,
                          "counter reset: counted from zero" if reset else "")
 
@@ -176,7 +179,7 @@ def summary_window(q: float, before: Summary, after: Summary, elapsed_s: float,
     if requests == 0:
         return WindowReading("idle", requests=0.0, rate_per_s=rate, detail="no requests in the window")
     value = found[0]
-    if not math.isfinite(value) or value < 0:
+    if not math.isfinite(value) or value <= 0:
         return WindowReading("bad", requests=requests, rate_per_s=rate, detail=f"quantile {q:g} is {value}")
     return WindowReading("reset" if reset else "ok", value * unit_s, requests, rate,
                          "counter reset: counted from zero" if reset else "")

@@ -175,8 +175,8 @@ class PromQLSource:
             return WindowReading("empty", rate_per_s=rate, detail="the query gives no series")
         if math.isnan(value):
             return WindowReading("idle", rate_per_s=rate, detail="no requests in the window (the query gives NaN)")
-        if not math.isfinite(value) or value < 0:
-            return WindowReading("bad", rate_per_s=rate, detail=f"the query gives {value}")
+        if not math.isfinite(value) or value <= 0:
+            return WindowReading("bad", rate_per_s=rate, detail=f"the query gives {value}: not a latency")
         return WindowReading("ok", value * self.unit_s, rate_per_s=rate)
 
 
