@@ -36,6 +36,9 @@ log = logging.getLogger(__name__)
 
 LOG_INTERVAL_S = 30.0
 """At most one line per container and problem this often (a source that stays down)."""
+STARTUP_GRACE_S = 5.0
+"""A new container's endpoint that does not answer yet is not a problem for this long (or three
+windows, whichever is longer): a server takes a moment to listen."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,8 @@ class LatencyPoller:
         self.status: dict[str, SourceStatus] = {}
         self.sources: dict[str, LatencySource] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._quiet_until: dict[str, float] = {}
+        """Until when (monotonic) a new container's source may still be starting; gone once it answers."""
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="latency-source")
         self.problems = RateLimitedLog(log, logging.WARNING, interval_s=log_interval_s)
         worker.joined.append(self.add)
@@ -102,6 +107,7 @@ class LatencyPoller:
         self.worker.polled.add(c.name)
         self.sources[c.name] = source
         self.status[c.name] = SourceStatus(spec.kind, "baseline", url=source.url)
+        self._quiet_until[c.name] = time.monotonic() + max(STARTUP_GRACE_S, 3 * spec.window_s)
         self._tasks[c.name] = asyncio.get_running_loop().create_task(
             self._poll(c.name, spec, source), name=f"latency-{c.name}")
         log.info("latency of %s: %s source %s, p%g every %g s", c.name, spec.kind, source.url,
@@ -124,6 +130,7 @@ class LatencyPoller:
             task.cancel()
         self.sources.pop(name, None)
         self.status.pop(name, None)
+        self._quiet_until.pop(name, None)
         self.worker.polled.discard(name)
         self.worker.unmeasured.discard(name)
 
@@ -147,6 +154,7 @@ class LatencyPoller:
         self.status[name] = SourceStatus(kind, reading.state, reading.detail, reading.latency_s,
                                          reading.rate_per_s, url)
         if reading.latency_s is not None:
+            self._quiet_until.pop(name, None)
             w.on_polled(name, reading.latency_s)
             if name in w.unmeasured:
                 w.unmeasured.discard(name)
@@ -155,7 +163,12 @@ class LatencyPoller:
                 self.problems.log((name, "reset"), "latency of %s: %s (%s)", name, reading.detail, url)
             return
         if reading.state == "baseline":
+            self._quiet_until.pop(name, None)  # it answered
             return
+        if reading.state == "unreachable" and time.monotonic() < self._quiet_until.get(name, 0.0):
+            log.debug("latency of %s: %s not answering yet (%s)", name, url, reading.detail)
+            return
+        self._quiet_until.pop(name, None)
         w.unmeasured.add(name)
         self.problems.log((name, reading.state), "latency of %s not read (%s: %s, from %s); stale, limit kept",
                           name, reading.state, reading.detail, url)
