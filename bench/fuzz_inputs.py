@@ -39,6 +39,7 @@ from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.policy import PolicyContext
 from shared.core.quantiles import Histogram, window
+from shared.latency.events import decode_latency_any
 from shared.latency.exposition import ExpositionError, parse_metric
 from shared.latency.sources import SourceAnswer, instant_value
 from shared.latency.spec import LABELS as LATENCY_LABELS
@@ -218,6 +219,16 @@ def door_latency(h: Harness, data: bytes) -> bool:
     return True
 
 
+def door_latency_json(h: Harness, data: bytes) -> bool:
+    """The nats source's JSON form: an event or SchemaError, and then the worker takes it as any other."""
+    try:
+        event = decode_latency_any(data)
+    except SchemaError:
+        return False
+    h.worker.on_latencies([(subjects.latency(event.node, event.container), event)])
+    return True
+
+
 def door_decision(h: Harness, data: bytes) -> bool:
     msg = _decode(data)
     return isinstance(msg, schema.DecisionMsg)
@@ -328,6 +339,7 @@ class Door:
 DOORS: dict[str, Door] = {d.name: d for d in (
     Door("targets", lambda: _json_text(TARGET), door_target),
     Door("latency", lambda: _wire("latency", LATENCY), door_latency),
+    Door("latency-json", lambda: _json_text(LATENCY), door_latency_json),
     Door("decisions", lambda: _wire("decision", DECISION), door_decision),
     Door("states", lambda: _wire("node_state", STATE), door_state),
     Door("objectives", lambda: _wire("objective", OBJECTIVE), door_objective),

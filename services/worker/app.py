@@ -23,6 +23,7 @@ from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.dqoes import DQoESParams
 from shared.core.policy import Policy, PolicyContext
+from shared.latency.events import decode_latency_any
 from shared.metrics import MetricsServer, WorkerCollector, WorkerCounters
 from shared.publisher import LatencyPublisher
 from shared.runtime.base import Runtime, RuntimeFailure
@@ -36,7 +37,6 @@ from shared.schema import (
     LaunchReply,
     ObjectiveAssign,
     Progress,
-    decode_latency,
 )
 from shared.settings import DEFAULT_METRICS_ADDR
 
@@ -232,7 +232,8 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         raise ConfigError(f"runtime {cfg.runtime}: {e}") from None
     # The hot path: tens of thousands of events a second, decoded and handled in batches.
     # With subjects: the container an event speaks for is the one its subject names.
-    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency,
+    # Msgpack LatencyEvents, or the same fields as JSON (shared/latency/events.py).
+    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency_any,
                               with_subjects=True)
     await control_bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m),
                                 expect=ObjectiveAssign)
