@@ -56,10 +56,11 @@ class Summary:
 
 Snapshot = Histogram | Summary
 
-State = Literal["ok", "reset", "idle", "baseline", "bad"]
+State = Literal["ok", "reset", "idle", "baseline", "bad", "empty", "unreachable"]
 """What a window gave: a value ("ok"; "reset": a counter reset was counted from zero, as PromQL's
 rate does), no value ("idle": no request finished in the window; "baseline": the first scrape, a
-window needs two; "bad": the metric cannot give a quantile, `detail` says why)."""
+window needs two; "bad": the metric cannot give a quantile, `detail` says why; set by the adapters:
+"empty": the source has no such metric or series, "unreachable": it did not answer)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -89,7 +89,10 @@ class LatencySource(Protocol):
     """Reads one container's latency percentile, one window at a time."""
 
     kind: str
-    url: str
+
+    @property
+    def url(self) -> str:
+        """Where it reads (for log lines and the status)."""
 
     async def read(self, now_s: float) -> WindowReading:
         """The reading for the window ending now (`now_s`: monotonic seconds); never raises."""
