@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import sys
 
 import pytest
 from latency_parts import METRIC, Target, get
@@ -107,6 +108,40 @@ def test_a_worker_limits_a_process_by_its_scraped_percentile(nats_url, cgroups, 
             lines = [r.getMessage() for r in caplog.records if "latency of lat-1 not read" in r.getMessage()]
             assert len(lines) == 1, lines
             assert any("latency of lat-1 read again" in r.getMessage() for r in caplog.records)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(serving, 30)
+
+    asyncio.run(go())
+
+
+def test_malformed_latency_labels_make_a_container_stale_with_one_line(nats_url, cgroups, caplog) -> None:
+    caplog.set_level(logging.INFO)
+
+    async def go() -> None:
+        app = await build(WorkerConfig(node="n1", nats_url=nats_url, runtime="cgroup", cores=1.0, policy="dqoes",
+                                       initial_interval_s=1.0, training_policy="none"))
+        serving = asyncio.create_task(serve(app, handle_signals=False))
+        worker, poller = app.worker, app.poller
+        assert poller is not None
+        idle = [sys.executable, "-c", "import time; time.sleep(60)"]
+        try:
+            await app.runtime.spawn("no-port", idle, objective_s=1.0,  # type: ignore[attr-defined]
+                                    labels={"dqoes.latency.source": "prometheus", "dqoes.latency.metric": "m"})
+            await app.runtime.spawn("no-server", idle, objective_s=1.0,  # type: ignore[attr-defined]
+                                    labels={"dqoes.latency.source": "promql", "dqoes.latency.query": "up"})
+            for _ in range(50):
+                await asyncio.sleep(0.05)
+                if {"no-port", "no-server"} <= worker.stale_containers():
+                    break
+            assert {"no-port", "no-server"} <= worker.stale_containers()
+            assert poller.status["no-port"].state == poller.status["no-server"].state == "misconfigured"
+            assert "needs dqoes.latency.port" in poller.status["no-port"].detail
+            assert "--prometheus-url" in poller.status["no-server"].detail
+            states = {s.container: s for s in worker.node_state().containers}
+            assert states["no-port"].stale and states["no-port"].met is not True
+            lines = [r.getMessage() for r in caplog.records if "cannot be read" in r.getMessage()]
+            assert len(lines) == 2, lines
         finally:
             worker.stop()
             await asyncio.wait_for(serving, 30)
