@@ -54,10 +54,6 @@ class SourceStatus:
     rate_per_s: float | None = None
     url: str = ""
 
-    @property
-    def stale(self) -> bool:
-        return self.latency_s is None and self.state != "baseline"
-
 
 def endpoint(c: RuntimeContainer, spec: SourceSpec) -> str:
     """The URL of a container's metrics page: the runtime's address for it, else the host label."""
@@ -92,6 +88,7 @@ class LatencyPoller:
 
     def add(self, c: RuntimeContainer) -> None:
         """A container joined: poll it if its labels say so (a malformed label: stale, one line)."""
+        self.remove(c.name)  # a container of that name before: its source is gone with it
         try:
             spec = parse_source(c.labels)
             if not spec.polled:
@@ -103,7 +100,6 @@ class LatencyPoller:
             self.status[c.name] = SourceStatus("?", "misconfigured", str(e))
             log.warning("latency of %s cannot be read: %s; stale (limit kept)", c.name, e)
             return
-        self.remove(c.name)
         self.worker.polled.add(c.name)
         self.sources[c.name] = source
         self.status[c.name] = SourceStatus(spec.kind, "baseline", url=source.url)
