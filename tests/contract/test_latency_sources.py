@@ -30,7 +30,7 @@ from shared.latency.sources import LatencySource, PromQLSource, ScrapeSource
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
 Q = 0.95
-WINDOW = "8s"
+WINDOW = "30s"  # longer than any test: every window starts before the test's requests
 
 
 def sleeps_ms(n: int = 120, seed: int = 1) -> list[float]:
