@@ -3,7 +3,8 @@
 Why: every message a peer or an operator sends enters through one of a few
 doors (issue 11 lists them): target requests, latency events, decisions, node
 states, objective hand-overs, control messages, scenario files and container
-labels. `fuzz(name, examples)` throws `examples` generated inputs (hypothesis:
+labels, and what the worker reads from a latency source (a container's metrics page, a
+Prometheus server's answer). `fuzz(name, examples)` throws `examples` generated inputs (hypothesis:
 random bytes, well-formed messages with hostile values, duplicate keys, huge
 and tiny numbers) at one door, into the real code behind it (the manager's
 logic with its store, the worker's logic on a simulated node, the parsers),
@@ -37,6 +38,12 @@ from shared import schema, subjects
 from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.policy import PolicyContext
+from shared.core.quantiles import Histogram, window
+from shared.latency.events import decode_latency_any
+from shared.latency.exposition import ExpositionError, parse_metric
+from shared.latency.sources import SourceAnswer, instant_value
+from shared.latency.spec import LABELS as LATENCY_LABELS
+from shared.latency.spec import parse_source
 from shared.public import parse_target_reply
 from shared.runtime.docker import parse_labels
 from shared.runtime.factory import RuntimeSettings, make_runtime
@@ -110,7 +117,14 @@ TARGET = {"container": "c1", "objective": 5.0, "alpha": 0.2}
 SCENARIO = {"name": "f", "duration_s": 100, "nodes": [{"name": NODE, "cores": 2}],
             "models": [{"name": "m", "work_cpu_s": 1.0, "threads": 1}],
             "containers": [{"name": "c1", "model": "m", "objective_s": 3.0}]}
-LABELS = {"dqoes.managed": "true", "dqoes.objective_s": "5", "dqoes.alpha": "0.2"}
+LABELS = {"dqoes.managed": "true", "dqoes.objective_s": "5", "dqoes.alpha": "0.2",
+          "dqoes.latency.source": "prometheus", "dqoes.latency.port": "8000",
+          "dqoes.latency.metric": "m", "dqoes.latency.percentile": "95", "dqoes.latency.window_s": "10"}
+PAGE_LINES = ("# TYPE m histogram", 'm_bucket{le="0.1"} 3', 'm_bucket{le="+Inf"} 5', "m_count 5", "m_sum 1.5",
+              "# TYPE m summary", 'm{quantile="0.95"} 0.4', 'm{quantile="0.5",x="y"} 0.1',
+              "# HELP m Latency.", 'm_bucket{le="0.2",route="/a"} 4', "m_bucket 1")
+PROMQL_ANSWER = {"status": "success", "data": {"resultType": "vector",
+                                               "result": [{"metric": {}, "value": [1.7e9, "0.25"]}]}}
 
 # --- the real code behind each door ---------------------------------------------------------
 
@@ -205,6 +219,16 @@ def door_latency(h: Harness, data: bytes) -> bool:
     return True
 
 
+def door_latency_json(h: Harness, data: bytes) -> bool:
+    """The nats source's JSON form: an event or SchemaError, and then the worker takes it as any other."""
+    try:
+        event = decode_latency_any(data)
+    except SchemaError:
+        return False
+    h.worker.on_latencies([(subjects.latency(event.node, event.container), event)])
+    return True
+
+
 def door_decision(h: Harness, data: bytes) -> bool:
     msg = _decode(data)
     return isinstance(msg, schema.DecisionMsg)
@@ -248,6 +272,11 @@ def door_scenario(h: Harness, data: bytes) -> bool:
 
 def door_labels(h: Harness, data: bytes) -> bool:
     labels = msgpack.unpackb(data, raw=False)
+    try:
+        spec = parse_source(labels)
+        assert 0 < spec.percentile < 100 and spec.window_s > 0 and spec.kind in ("nats", "prometheus", "promql")
+    except ValueError as e:
+        assert "\n" not in str(e)
     objective_s, alpha, error = parse_labels(labels)
     assert objective_s is None or 0.001 <= objective_s <= 86400
     assert alpha is None or 0 < alpha < 1
@@ -256,9 +285,47 @@ def door_labels(h: Harness, data: bytes) -> bool:
 
 
 def _labels() -> st.SearchStrategy[bytes]:
-    text_or_number = st.one_of(TEXT, NUMBERS.map(repr))
-    return st.dictionaries(st.sampled_from([*LABELS, "x"]), text_or_number, max_size=4).map(
+    text_or_number = st.one_of(TEXT, NUMBERS.map(repr), st.sampled_from([*LABELS.values(), "promql", "ms"]))
+    return st.dictionaries(st.sampled_from([*LABELS, *LATENCY_LABELS, "x"]), text_or_number, max_size=6).map(
         lambda d: msgpack.packb(d, use_bin_type=True))
+
+
+BEFORE = Histogram(((0.1, 1.0), (math.inf, 2.0)))
+
+
+def door_metrics_page(h: Harness, data: bytes) -> bool:
+    """A container's metrics page (the prometheus latency source): a snapshot or ExpositionError."""
+    try:
+        snapshot = parse_metric(data.decode("utf-8"), "m")
+    except (ExpositionError, UnicodeDecodeError):
+        return False
+    r = window(0.95, BEFORE, snapshot, 1.0)
+    assert r.latency_s is None or (math.isfinite(r.latency_s) and r.latency_s >= 0), r
+    assert r.rate_per_s is None or (math.isfinite(r.rate_per_s) and r.rate_per_s >= 0), r
+    return False  # nothing is stored from a page
+
+
+def _pages() -> st.SearchStrategy[bytes]:
+    number = st.one_of(NUMBERS.map(repr), st.sampled_from(["+Inf", "-Inf", "NaN", "1e999", "0x10", ""]))
+    line = st.one_of(st.sampled_from(PAGE_LINES), st.text(max_size=60),
+                     st.builds(lambda name, le, v: f'{name}{{le="{le}"}} {v}',
+                               st.sampled_from(["m_bucket", "m", "m_count"]), number, number),
+                     st.builds(lambda q, v: f'm{{quantile="{q}"}} {v}', number, number),
+                     st.builds(lambda v: f"m_count {v}", number))
+    well_formed = st.lists(line, max_size=3).map(lambda ls: "\n".join([*PAGE_LINES[:5], *ls]).encode())
+    return st.one_of(st.binary(max_size=200), st.lists(line, max_size=12).map(lambda ls: "\n".join(ls).encode()),
+                     well_formed)
+
+
+def door_promql_answer(h: Harness, data: bytes) -> bool:
+    """A Prometheus server's answer to the promql latency source: one number, None or SourceAnswer."""
+    try:
+        value = instant_value(data)
+    except SourceAnswer as e:
+        assert "\n" not in str(e)
+        return False
+    assert value is None or isinstance(value, float)
+    return False
 
 
 @dataclass(frozen=True)
@@ -272,12 +339,15 @@ class Door:
 DOORS: dict[str, Door] = {d.name: d for d in (
     Door("targets", lambda: _json_text(TARGET), door_target),
     Door("latency", lambda: _wire("latency", LATENCY), door_latency),
+    Door("latency-json", lambda: _json_text(LATENCY), door_latency_json),
     Door("decisions", lambda: _wire("decision", DECISION), door_decision),
     Door("states", lambda: _wire("node_state", STATE), door_state),
     Door("objectives", lambda: _wire("objective", OBJECTIVE), door_objective),
     Door("control", lambda: _wire("control", CONTROL), door_control),
     Door("scenarios", lambda: _json_text(SCENARIO), door_scenario),
     Door("labels", _labels, door_labels),
+    Door("metrics-pages", _pages, door_metrics_page),
+    Door("promql-answers", lambda: _json_text(PROMQL_ANSWER), door_promql_answer),
 )}
 
 

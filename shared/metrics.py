@@ -18,7 +18,7 @@ dicts. Names follow Prometheus conventions: base units (`_seconds`,
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,10 +76,13 @@ class WorkerCollector(Collector):
     """Per-container and per-node gauges from the worker's latest node state, and its counters."""
 
     def __init__(self, node: str, state: Callable[[], NodeState | None],
-                 counters: Callable[[], WorkerCounters]) -> None:
+                 counters: Callable[[], WorkerCounters],
+                 request_rates: Callable[[], Mapping[str, float]] | None = None) -> None:
         self.node = node
         self.state = state
         self.counters = counters
+        self.request_rates = request_rates
+        """Requests a second of each container whose latency the worker reads (a polled source)."""
 
     def collect(self) -> Iterator[Metric]:
         node = self.node
@@ -99,6 +102,13 @@ class WorkerCollector(Collector):
             m = CounterMetricFamily(name, doc, labels=["node"])
             m.add_metric([node], value)
             yield m
+        if self.request_rates is not None:
+            rates = GaugeMetricFamily("dqoes_request_rate_per_second", "Requests a second over the last "
+                                      "window of each container whose latency is read from Prometheus metrics "
+                                      "(docs/guide/latency-sources.md).", labels=["node", "container"])
+            for container, rate in sorted(self.request_rates().items()):
+                rates.add_metric([node, container], rate)
+            yield rates
         ns = self.state()
         if ns is None:
             return

@@ -87,7 +87,12 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     flag(ap, "--state-dir", "DQOES_STATE_DIR_WORKER", None,
          help="directory keeping, across restarts, the containers' original limits (for --on-stop restore) "
          "and what `dqoes control` set (docs/guide/operations.md)")
+    flag(ap, "--prometheus-url", "DQOES_PROMETHEUS_URL", None,
+         help="the Prometheus server (e.g. http://127.0.0.1:9090) queried for containers labelled "
+         "dqoes.latency.source=promql (docs/guide/latency-sources.md)")
     a = ap.parse_args(argv)
+    if a.prometheus_url is not None and not a.prometheus_url.startswith(("http://", "https://")):
+        ap.error("--prometheus-url must be an http:// or https:// URL")
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")
     if registry.spec(a.policy).needs_curves and a.runtime != "sim":
@@ -102,7 +107,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         initial_interval_s=a.interval, params=params, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
         docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,
         require_node_label=a.require_node_label, cpu_weights=a.cpu_weights, metrics_port=a.metrics_port,
-        metrics_addr=a.metrics_addr,
+        metrics_addr=a.metrics_addr, prometheus_url=a.prometheus_url,
         training_policy=a.training_policy, training_split=a.training_split, training_stale_s=a.training_stale,
         log_level=a.log_level,
         log_format=a.log_format,

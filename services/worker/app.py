@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from services.worker.logic import Worker
+from services.worker.polling import LatencyPoller
 from services.worker.training import SPLITS, TrainingSide
 from shared import auth, subjects
 from shared.bus import Bus, BusError, Incoming
@@ -22,6 +23,7 @@ from shared.core import registry
 from shared.core.controller import NodeController
 from shared.core.dqoes import DQoESParams
 from shared.core.policy import Policy, PolicyContext
+from shared.latency.events import decode_latency_any
 from shared.metrics import MetricsServer, WorkerCollector, WorkerCounters
 from shared.publisher import LatencyPublisher
 from shared.runtime.base import Runtime, RuntimeFailure
@@ -35,7 +37,6 @@ from shared.schema import (
     LaunchReply,
     ObjectiveAssign,
     Progress,
-    decode_latency,
 )
 from shared.settings import DEFAULT_METRICS_ADDR
 
@@ -90,6 +91,8 @@ class WorkerConfig:
     """How the node's CPU is split between inference and training (services/worker/training.py)."""
     training_stale_s: float = 60.0
     """A training job with no value for this long is stale (keeps its list and limit; one log line)."""
+    prometheus_url: str | None = None
+    """The Prometheus server that containers labelled dqoes.latency.source=promql are queried on."""
     log_level: str = "info"
     log_format: str = "text"
 
@@ -159,6 +162,8 @@ class WorkerApp:
     control_bus: Bus | None = None
     """A second connection for objectives and control: a flood of latency events on the first
     (even one the server cuts off as a slow consumer) never delays or drops them."""
+    poller: LatencyPoller | None = None
+    """Reads the latency of containers whose labels name a prometheus or promql source."""
 
 
 async def build(cfg: WorkerConfig) -> WorkerApp:
@@ -217,6 +222,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         worker = Worker(cfg.node, runtime, ctrl, bus.publish, state_interval_s=cfg.state_interval_s,
                         training=training, originals_file=originals, params_file=params_file,
                         params_key={"policy": cfg.policy, "settings": settings}, policy_factory=policy_named)
+        poller = LatencyPoller(worker, cfg.prometheus_url)  # before start: it sees the first containers join
         await worker.start()
     except (RuntimeFailure, ValueError, KeyError) as e:
         if runtime is not None:
@@ -226,7 +232,8 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         raise ConfigError(f"runtime {cfg.runtime}: {e}") from None
     # The hot path: tens of thousands of events a second, decoded and handled in batches.
     # With subjects: the container an event speaks for is the one its subject names.
-    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency,
+    # Msgpack LatencyEvents, or the same fields as JSON (shared/latency/events.py).
+    await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency_any,
                               with_subjects=True)
     await control_bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m),
                                 expect=ObjectiveAssign)
@@ -242,7 +249,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
             rounds=worker.rounds, limit_changes=worker.limit_changes, latencies=worker.latencies,
             ignored_latencies=worker.ignored_latencies, bus_dropped=bus.dropped,
             bus_refused_replies=bus.refused_replies + control_bus.refused_replies,
-            forged_latencies=worker.forged_latencies)))
+            forged_latencies=worker.forged_latencies), poller.rates))
         node_rounds = metrics.round_seconds.labels(cfg.node)
         worker.round_observers.append(node_rounds.observe)
         try:
@@ -282,7 +289,7 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
         await bus.subscribe(subjects.launch(cfg.node), on_launch, expect=Launch)
     log.info("worker for node %s: policy %s, training %s (%s), runtime %s, %g cores, NATS %s",
              cfg.node, policy.name, cfg.training_policy, cfg.training_split, cfg.runtime, ctrl.cores, bus.url)
-    return WorkerApp(cfg, bus, runtime, worker, scenario, metrics, control_bus)
+    return WorkerApp(cfg, bus, runtime, worker, scenario, metrics, control_bus, poller)
 
 
 async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
@@ -303,6 +310,8 @@ async def serve(app: WorkerApp, *, handle_signals: bool = True) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if app.poller is not None:
+            await app.poller.close()
         await app.runtime.close()
         await app.bus.drain()
         if app.control_bus is not None:

@@ -106,6 +106,15 @@ class Worker:
         self._latency_prefix = subjects.latency_of_node(node)[:-1]
         self.limit_changes = 0
         self.round_observers: list[Callable[[float], None]] = []
+        self.joined: list[Callable[[RuntimeContainer], None]] = []
+        """Called with each inference container that joins (the latency poller reads its labels)."""
+        self.left: list[Callable[[str], None]] = []
+        """Called with the name of each inference container that leaves."""
+        self.polled: set[str] = set()
+        """Containers whose latency the worker reads itself (a `prometheus` or `promql` source): their
+        NATS latency events are ignored, and only `unmeasured` makes them stale."""
+        self.unmeasured: set[str] = set()
+        """Polled containers whose source gave no value for its last window (unreachable, nothing in it)."""
         """Called with the wall seconds each round took (the metrics histogram)."""
         self.last_state: NodeState | None = None
         """The node state last published (immutable; what /metrics reads from its own thread)."""
@@ -176,6 +185,9 @@ class Worker:
             # A container that does not know its name reports under its hostname,
             # which Docker sets to the short id.
             name = self.by_id.get(name[:12], name) if len(name) >= 12 else name
+        if name in self.polled:  # its labels say where its latency is read: not here
+            self.ignored_latencies += 1
+            return
         cpu_s = msg.cpu_s or None  # 0.0: the container did not measure it
         # Stamped when it finished (the workload's clock is this host's): read late, after a round, it
         # still ran under the limit before that round.
@@ -192,6 +204,16 @@ class Worker:
             self.models[name] = msg.model
         if ctrl.due(now_s):
             self.wake.set()
+
+    def on_polled(self, name: str, latency_s: float) -> bool:
+        """A percentile the worker read itself (a polled source), one per window, as of now."""
+        now_s = self.clock()
+        if not self.ctrl.record_latency(name, latency_s, now_s):
+            return False
+        self.last_batch_at[name] = self.wall()
+        if self.ctrl.due(now_s):
+            self.wake.set()
+        return True
 
     def on_objective(self, msg: ObjectiveAssign) -> None:
         """A hand-over from the manager; revisions only move forward, except when the manager insists.
@@ -300,6 +322,8 @@ class Worker:
                           self.assigned):
                 table.pop(name, None)
             self.by_id.pop(ev.container.id[:12], None)
+            for gone in self.left:
+                gone(name)
             if self.originals.pop(name, None) is not None or self.originals_file:
                 _save_originals(self.originals_file, self.originals)
             for key in [k for k in self._stale_seen if k[0] == name]:
@@ -323,6 +347,8 @@ class Worker:
             self.originals[c.name] = c.limit
             _save_originals(self.originals_file, self.originals)
         self.ctrl.add(c.name, self.clock(), limit=_fraction(c.limit), workload=workload_of(c.model))
+        for joined in self.joined:
+            joined(c)
         a = self.assigned.get(c.name)
         objective, alpha = (a.objective_s, a.alpha) if a is not None else (c.objective_s, c.alpha)
         if objective is not None:
@@ -448,12 +474,14 @@ class Worker:
 
         Threshold: STALE_MIN_S, or STALE_OBJECTIVES times its objective or its
         latest batch latency (in wall time), whichever is longest. Their limits are kept until they report again.
+        A container whose latency the worker reads itself is stale while its source gives no value
+        (`unmeasured`, services/worker/polling.py).
         """
         now = self.wall()
-        out = set()
+        out = {n for n in self.unmeasured if n in self.ctrl.containers and self.ctrl.containers[n].managed}
         for name, at in self.last_batch_at.items():
             t = self.ctrl.containers.get(name)
-            if t is None or not t.managed:
+            if t is None or not t.managed or name in self.polled:  # a polled source says so itself
                 continue
             # A slow container (class B) is not silent: its own batches count too.
             batch_wall_s = max(t.objective_s or 0.0, t.last_latency_s or 0.0, t.new_latency_s or 0.0) / self.time_scale

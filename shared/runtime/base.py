@@ -75,6 +75,11 @@ class RuntimeContainer:
     labels: Mapping[str, str] = field(default_factory=dict)
     label_error: str | None = None
     """Why an objective/alpha label was ignored (malformed), for one log line."""
+    address: str | None = None
+    """Where the container's own ports answer (Docker: its IP, or 127.0.0.1 on the host network);
+    None: the runtime does not know (the worker then uses the dqoes.latency.host label or 127.0.0.1)."""
+    published_ports: Mapping[int, int] = field(default_factory=dict)
+    """Container port -> port on 127.0.0.1, for a container without an address of its own."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,6 +105,30 @@ def parse_labels(labels: Mapping[str, str]) -> tuple[float | None, float | None,
     return objective_s, alpha, "; ".join(errors) or None
 
 
+def address_of(info: Mapping[str, Any]) -> tuple[str, dict[int, int]]:
+    """(address, published ports) where the worker reaches an inspected container's own ports.
+
+    Its IP on its first network with one (the worker on the host, or on the same network); a
+    container without one (host network, or only published ports) answers on 127.0.0.1, through
+    the host ports its TCP ports are published on."""
+    settings = info.get("NetworkSettings") or {}
+    ips = [settings.get("IPAddress")] + [n.get("IPAddress") for n in (settings.get("Networks") or {}).values()
+                                         if isinstance(n, Mapping)]
+    ip = next((x for x in ips if isinstance(x, str) and x), None)
+    if ip:
+        return ip, {}
+    published: dict[int, int] = {}
+    for key, bindings in (settings.get("Ports") or {}).items():
+        port, _, proto = str(key).partition("/")
+        if proto not in ("", "tcp") or not port.isdigit() or not bindings:
+            continue
+        host_ports = [b.get("HostPort") for b in bindings if isinstance(b, Mapping)]
+        first = next((int(p) for p in host_ports if isinstance(p, str) and p.isdigit()), None)
+        if first is not None:
+            published[int(port)] = first
+    return "127.0.0.1", published
+
+
 class DockerRuntime(RealClock):
     """Containers of one Docker engine, limited through Docker's own update API.
 
@@ -295,6 +319,7 @@ class DockerRuntime(RealClock):
     def _describe(self, info: Mapping[str, Any]) -> RuntimeContainer:
         labels = dict(info["Config"].get("Labels") or {})
         objective_s, alpha, label_error = parse_labels(labels)
+        address, published = address_of(info)
         return RuntimeContainer(
             name=info["Name"].lstrip("/"),
             id=info["Id"],
@@ -305,6 +330,8 @@ class DockerRuntime(RealClock):
             model=labels.get(MODEL_LABEL),
             labels=labels,
             label_error=label_error,
+            address=address,
+            published_ports=published,
         )
 
     def _limit_of(self, host_config: Mapping[str, Any]) -> float | None:
