@@ -58,6 +58,10 @@ class StackSpec:
     """Serve Prometheus metrics from the manager and every worker on free local ports."""
     on_stop: str = "restore"
     """What workers do with the limits on a clean stop: keep them, or restore the containers' own."""
+    nats_listen: str = "127.0.0.1"
+    """Where the front of a private server listens for clients (a control plane: its public address)."""
+    nats_port: int = 0
+    """The front's port (0: a free one)."""
 
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -150,6 +154,11 @@ class Stack:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         return env
+
+    def spawn(self, name: str, args: list[str], identity: str) -> None:
+        """Start `python ARGS` as service `name` with `identity`'s credentials, supervised like the
+        stack's own (a host role's worker: services.cli.serve)."""
+        self._spawn(name, args, identity)
 
     def _spawn(self, name: str, args: list[str], identity: str) -> None:
         self._argv[name] = (list(args), identity)
@@ -259,7 +268,8 @@ class Stack:
                                    log_path=str(self.run_dir / "nats-server.out"),
                                    config_file=auth.config_path(self.auth_dir))
             self.nats.start()
-            self.front = NatsFront(self._upstream).start()
+            self.front = NatsFront(self._upstream, host=self.spec.nats_listen, port=self.spec.nats_port,
+                                   upstream_host=self.nats.host).start()
 
     def start(self, start_at: float | None = None) -> Stack:
         """Start everything; scenario time 0 falls at `start_at` (unix time; default: soon)."""
