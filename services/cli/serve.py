@@ -126,6 +126,8 @@ async def _control_plane_loop(stack: Stack, root: Path, cfg: dict[str, Any], ear
     try:
         bus = await Bus.connect(stack.url_for(auth.REGISTRAR), "dqoes-registrar", connect_timeout_s=10.0)
         await registrar.start(bus)
+        _say("control plane: ready (the registrar answers join requests)" if cfg["accept_joins"]
+             else "control plane: ready (joins off)")
     except BusError as e:
         _say(f"control plane: the registrar could not connect ({e}); joins are not answered")
 
