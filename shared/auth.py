@@ -403,10 +403,24 @@ def control_plane_config(directory: str | os.PathLike[str], joined: Iterable[tup
             if entry[0] in taken:
                 raise AuthError(f"joined node {node}: identity {entry[0]} exists on the control plane already")
             users.append(entry)
-    import secrets
-
-    _write_private(config_path(d), _users_config(users, secrets.token_urlsafe(24) if accept_joins else None))
+    _write_private(config_path(d), _users_config(users, _join_password(d) if accept_joins else None))
     return config_path(d)
+
+
+def _join_password(d: Path) -> str:
+    """The `join` user's password: random, known to nobody, the same on every regeneration (a reload that
+    changed it would drop the anonymous connections waiting for their join's answer)."""
+    path = d / "join.password"
+    try:
+        text = authfiles.read_private(path).strip() if path.exists() else ""
+    except OSError:
+        text = ""
+    if not text:
+        import secrets
+
+        text = secrets.token_urlsafe(24)
+        _write_private(path, text + "\n")
+    return text
 
 
 def ensure_node_keys(directory: str | os.PathLike[str], node: str) -> tuple[Credentials, Credentials]:

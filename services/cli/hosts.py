@@ -125,17 +125,25 @@ class Registrar:
         self.log: list[str] = []
 
     async def handle(self, bus: Bus, incoming: Incoming) -> None:
+        joined = None
         try:
             request = joining.decode_request(incoming.data)
             joined = joining.accept(join_dir(self.root), request, time.time(), reserved_names(self.root))
-            self.on_change()
             answer: dict[str, Any] = {"ok": True, "node": joined.node,
                                       "identities": [auth.identity_name(r, joined.node) for r in auth.PER_NODE]}
-            self.log.append(f"node {joined.node} joined (token {joined.token_id})")
         except joining.JoinError as e:
             answer = {"ok": False, "error": str(e)}
             self.log.append(f"refused a join request: {e}")
+        # The answer first: the reload that follows re-checks every connection, the joiner's too. The
+        # node then connects with its new identity, retrying until the reload has taken it in.
         await bus.reply(incoming, json.dumps(answer).encode())
+        await bus.flush()
+        if joined is not None:
+            try:
+                self.on_change()
+                self.log.append(f"node {joined.node} joined (token {joined.token_id})")
+            except CliError as e:
+                self.log.append(f"node {joined.node} admitted, but the authorization was not regenerated: {e}")
 
     async def start(self, bus: Bus) -> None:
         await bus.subscribe_raw(subjects.JOIN_REQUEST, lambda m: self.handle(bus, m))
