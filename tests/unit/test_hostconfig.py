@@ -85,3 +85,9 @@ def test_a_missing_config_file_is_an_error_when_named(tmp_path, monkeypatch):
 def test_the_shipped_example_uses_only_known_keys():
     values = hostconfig.load_file(REPO / "packaging" / "systemd" / "dqoes.toml.example")
     assert values["control_plane.port"] == 4222 and values["node.runtime"] == "docker"
+
+
+def test_the_install_guide_lists_every_key():
+    text = (REPO / "docs" / "guide" / "install.md").read_text()
+    for s in hostconfig.SETTINGS:
+        assert f"`{s.name}`" in text and f"`{s.env}`" in text and f"`{s.flag}" in text, s.name
