@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import os
 import signal
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,6 @@ def cmd_control_plane(args: argparse.Namespace) -> int:
     except auth.AuthError as e:
         raise CliError(str(e)) from None
     hosts.write_authorization(root, cfg["accept_joins"])
-    advertise = cfg["advertise"] or f"nats://{cfg['listen']}:{cfg['port']}"
     with signals_as_flag() as early:
         try:
             try:
@@ -95,6 +95,9 @@ def cmd_control_plane(args: argparse.Namespace) -> int:
             except (OSError, NatsServerError) as e:
                 raise CliError(f"control plane: NATS cannot listen on {cfg['listen']}:{cfg['port']}: {e}") from None
             stack.start_manager()
+            assert stack.front is not None
+            host = socket.gethostname() if cfg["listen"] in ("0.0.0.0", "") else cfg["listen"]
+            advertise = cfg["advertise"] or f"nats://{host}:{stack.front.port}"
             deployments.write_pointer(root, [{"name": hosts.CONTROL_PLANE, "nats_url": stack.plain_url,
                                               "run_dir": str(root), "auth_dir": str(stack.auth_dir)}])
             _say(f"control plane: NATS {stack.plain_url} (nodes join {advertise}), state {root}")
@@ -120,7 +123,7 @@ async def _control_plane_loop(stack: Stack, root: Path, cfg: dict[str, Any], ear
             stack.nats.reload()
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_due.set)
-    reload_due.set()  # anything revoked while the role was starting
+    regenerate()  # anything revoked while the role was starting
     registrar = hosts.Registrar(root, regenerate)
     bus: Bus | None = None
     try:
