@@ -37,7 +37,7 @@ from typing import Any
 
 from services.cli import deployments
 from services.cli.common import CliError
-from shared import auth, joining, subjects
+from shared import auth, authfiles, joining, subjects
 from shared.bus import Bus, BusError, Incoming
 
 CONTROL_PLANE = "control-plane"
@@ -213,5 +213,8 @@ def join(root: Path, url: str, token: str, node: str, timeout_s: float = 10.0) -
     except BusError as e:
         raise CliError(f"join: admitted, but the worker identity cannot connect: {e}") from None
     record = {"node": node, "control_plane": plain}
-    (root / NODE_RECORD).write_text(json.dumps(record) + "\n")
+    try:
+        authfiles.write_private(root / NODE_RECORD, json.dumps(record) + "\n")
+    except authfiles.UnsafePathError as e:
+        raise CliError(str(e)) from None
     return record

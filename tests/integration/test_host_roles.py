@@ -286,3 +286,13 @@ def test_sigterm_stops_the_control_plane_and_its_children(tmp_path):
                                                     if any(k in c for c in kids.values())}
     assert role.stop() == 0
     assert not [p for p in kids if alive(p)]
+
+
+def test_a_bad_config_file_stops_a_role_with_one_line(tmp_path):
+    bad = tmp_path / "dqoes.toml"
+    bad.write_text("[node]\nruntime = 'docker'\nrun_time = 'sim'\n")
+    for role in ("node", "control-plane"):
+        r = dqoes("serve", role, "--config", str(bad), state=tmp_path / "state", timeout=30)
+        assert r.returncode == 2, r
+        assert r.stderr.count("\n") == 1 and "unknown key node.run_time" in r.stderr, r.stderr
+    assert not (tmp_path / "state" / "node").exists()  # nothing started, nothing written
