@@ -177,9 +177,10 @@ def test_join_gives_an_identity_limited_to_its_node_and_revoke_cuts_it_off(contr
     admin = cp_dir(role) / "auth" / "admin.creds"
     allowed = asyncio.run(_publish_as(url, creds, admin, [subjects.state("n1"), subjects.decisions("n1"),
                                                           subjects.state("n2"), subjects.decisions("n2"),
-                                                          subjects.TARGETS]))
+                                                          subjects.TARGETS, subjects.JOIN_REQUEST]))
     assert allowed == {subjects.state("n1"): True, subjects.decisions("n1"): True,
-                       subjects.state("n2"): False, subjects.decisions("n2"): False, subjects.TARGETS: False}
+                       subjects.state("n2"): False, subjects.decisions("n2"): False, subjects.TARGETS: False,
+                       subjects.JOIN_REQUEST: False}
     listed = dqoes("node", "list", "--json", state=role.state)
     assert "n1" in [n["node"] for n in json.loads(listed.stdout)["nodes"]]
 
@@ -205,6 +206,33 @@ def test_join_gives_an_identity_limited_to_its_node_and_revoke_cuts_it_off(contr
     assert cut, "the revoked node's connection was kept"
     assert "authorization" in second.lower(), second
     assert "reloaded" in role.text() or "regenerated" in role.text()
+
+
+def test_an_anonymous_connection_may_only_ask_to_join(control_plane):
+    role, url = control_plane
+
+    async def probe() -> tuple[list[str], list[str]]:
+        watcher = await Bus.connect(url, "watcher", creds=cp_dir(role) / "auth" / "admin.creds")
+        seen: list[str] = []
+        await watcher.subscribe_raw("dqoes.>", lambda m: seen.append(m.subject))
+        anon = await Bus.connect(url, "anonymous", inbox_prefix=auth.JOIN_INBOX)
+        try:
+            for s in (subjects.state("n1"), subjects.TARGETS, subjects.control("n1")):
+                await anon.publish_raw(s, b"{}")
+            await anon.subscribe_raw("dqoes.>", lambda m: None)
+            await anon.subscribe_raw("_INBOX.admin.>", lambda m: None)
+            for b in (anon, watcher):
+                await b.flush()
+            await asyncio.sleep(0.3)
+            return seen, list(anon.permission_violations)
+        finally:
+            await anon.close()
+            await watcher.close()
+
+    seen, violations = asyncio.run(probe())
+    assert seen == []
+    assert sum("publish" in v.lower() for v in violations) == 3, violations
+    assert sum("subscription" in v.lower() for v in violations) == 2, violations
 
 
 @pytest.mark.parametrize("case", ["wrong-secret", "expired", "used-up", "revoked", "garbage"])
