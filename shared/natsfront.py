@@ -21,8 +21,10 @@ the private port gets no connection; the supervisor restarts the server on
 a fresh port (`NatsServer.release_port`).
 
 Bytes are moved with splice(2) by two threads per connection (no copy
-through Python; the GIL is released while they wait). Linux only, IPv4
-loopback (the supervised server listens on 127.0.0.1).
+through Python; the GIL is released while they wait). Linux only, IPv4: the
+supervised server listens on 127.0.0.1; the front on loopback too, or, for a
+control plane that nodes on other hosts reach (services/cli/serve.py), on
+the address it is given.
 """
 
 from __future__ import annotations
