@@ -324,3 +324,24 @@ def test_a_bad_config_file_stops_a_role_with_one_line(tmp_path):
         assert r.returncode == 2, r
         assert r.stderr.count("\n") == 1 and "unknown key node.run_time" in r.stderr, r.stderr
     assert not (tmp_path / "state" / "node").exists()  # nothing started, nothing written
+
+
+def test_joined_nodes_survive_a_restart_of_the_control_plane(tmp_path):
+    state, port = tmp_path / "state", free_port()
+    url = f"nats://127.0.0.1:{port}"
+    first = serve("control-plane", state, tmp_path / "cp1.out", "--port", str(port))
+    try:
+        first.wait_for("control plane: ready")
+        r = join(url, token(first), tmp_path / "host-d", "n5")
+        assert r.returncode == 0, r.stderr
+    finally:
+        assert first.stop() == 0
+    second = serve("control-plane", state, tmp_path / "cp2.out", "--port", str(port))
+    try:
+        second.wait_for("control plane: ready")
+        creds = tmp_path / "host-d" / "node" / "auth" / "worker-n5.creds"
+        allowed = asyncio.run(_publish_as(url, creds, cp_dir(second) / "auth" / "admin.creds",
+                                          [subjects.state("n5"), subjects.state("n1")]))
+        assert allowed == {subjects.state("n5"): True, subjects.state("n1"): False}
+    finally:
+        second.stop()
