@@ -152,7 +152,10 @@ async def _publish_as(url: str, creds: Path, admin: Path, subject_list: list[str
             await bus.publish_raw(s, b"{}")
             for b in (bus, watcher):
                 await b.flush()
-            await asyncio.sleep(0.2)
+            deadline = time.monotonic() + 10  # delivered, or refused (the refusal comes asynchronously)
+            while time.monotonic() < deadline and s not in seen and not bus.permission_violations:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # and nothing else follows
             refused = any("publish" in v.lower() for v in bus.permission_violations)
             assert (s in seen) is not refused, (s, seen, list(bus.permission_violations))
             out[s] = s in seen
@@ -223,7 +226,10 @@ def test_an_anonymous_connection_may_only_ask_to_join(control_plane):
             await anon.subscribe_raw("_INBOX.admin.>", lambda m: None)
             for b in (anon, watcher):
                 await b.flush()
-            await asyncio.sleep(0.3)
+            deadline = time.monotonic() + 10  # the server's refusals come asynchronously
+            while len(anon.permission_violations) < 5 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+            await watcher.flush()
             return seen, list(anon.permission_violations)
         finally:
             await anon.close()
