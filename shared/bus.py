@@ -234,6 +234,7 @@ class Bus:
         reconnect_wait_s: float = 0.5,
         drain_timeout_s: float = 5.0,
         ping_interval_s: float = 10.0,
+        inbox_prefix: str | None = None,
     ) -> Bus:
         """Connect to `url` as `name` (also the `sender` of every message published).
 
@@ -242,7 +243,8 @@ class Bus:
 
         Credentials: `creds` (a file or loaded `auth.Credentials`), else the
         file the URL names (`?creds=PATH`, `auth.with_credentials`), else none
-        (anonymous). Raises BusError (one line) if no connection is made
+        (anonymous; `inbox_prefix` then says where its replies come, as the
+        anonymous `join` identity must: `auth.JOIN_INBOX`). Raises BusError (one line) if no connection is made
         within `connect_timeout_s`, TLSRequired at once for a `tls://` URL
         whose server offers no TLS. Once connected, the bus reconnects
         forever, every `reconnect_wait_s`.
@@ -260,6 +262,8 @@ class Bus:
         key_options: dict[str, Any] = {}
         if identity is not None:
             key_options = {"nkeys_seed_str": identity.seed, "inbox_prefix": identity.inbox_prefix}
+        elif inbox_prefix is not None:
+            key_options = {"inbox_prefix": inbox_prefix}
         nc = _Client()
         bus = cls(nc, name, auth.redact(server_url), reconnect_wait_s)
         try:

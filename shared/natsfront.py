@@ -21,8 +21,10 @@ the private port gets no connection; the supervisor restarts the server on
 a fresh port (`NatsServer.release_port`).
 
 Bytes are moved with splice(2) by two threads per connection (no copy
-through Python; the GIL is released while they wait). Linux only, IPv4
-loopback (the supervised server listens on 127.0.0.1).
+through Python; the GIL is released while they wait). Linux only, IPv4: the
+supervised server listens on 127.0.0.1; the front on loopback too, or, for a
+control plane that nodes on other hosts reach (services/cli/serve.py), on
+the address it is given.
 """
 
 from __future__ import annotations
@@ -87,9 +89,13 @@ def owned_listener(port: int, pid: int, host: str = "127.0.0.1") -> str | None:
 class NatsFront:
     """Listens on host:port (0: a free one) and forwards to the verified upstream. `start()`, `close()`."""
 
-    def __init__(self, upstream: Upstream, host: str = "127.0.0.1", port: int = 0, wait_s: float = 10.0) -> None:
+    def __init__(self, upstream: Upstream, host: str = "127.0.0.1", port: int = 0, wait_s: float = 10.0,
+                 upstream_host: str | None = None) -> None:
+        """`host`: where clients connect (a control plane's may be 0.0.0.0 or a public address);
+        `upstream_host`: where the supervised server listens (default: `host`)."""
         self.upstream = upstream
         self.host = host
+        self.upstream_host = upstream_host or host
         self.wait_s = wait_s
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -135,12 +141,12 @@ class NatsFront:
             where = self.upstream()
             if where is not None:
                 port, pid = where
-                before = owned_listener(port, pid, self.host)
+                before = owned_listener(port, pid, self.upstream_host)
                 if before is not None:
                     up = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                     try:
-                        up.connect((self.host, port))
-                        if owned_listener(port, pid, self.host) == before:
+                        up.connect((self.upstream_host, port))
+                        if owned_listener(port, pid, self.upstream_host) == before:
                             return up
                     except OSError:
                         pass

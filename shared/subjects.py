@@ -68,6 +68,10 @@ SUBMIT = f"{PREFIX}.submit"
 PROGRESS_ALL = f"{PREFIX}.progress.>"
 TRAINING_ALL = f"{PREFIX}.training.*"
 LAUNCH_ALL = f"{PREFIX}.launch.*"
+
+JOIN_REQUEST = f"{PREFIX}.join.request"
+"""A joining node -> the control plane's registrar (request/reply, JSON; shared/joining.py): the
+only subject the anonymous `join` identity may publish on."""
 """JetStream key-value bucket holding the durable objectives (one key per container)."""
 
 _KINDS_WITH_NODE = ("decisions", "state", "objectives", "control", "training", "launch")

@@ -149,3 +149,14 @@ def choose(deployment: str | None) -> dict[str, Any] | None:
         raise DeploymentError(f"{len(found)} deployments are running: {'; '.join(describe(i) for i in found)}; "
                               f"pick one with --deployment PID")
     return found[0] if found else None
+
+
+def holder(data_dir: Path) -> int | None:
+    """The PID of the process that holds `data_dir`'s lock (a running `dqoes up` or `dqoes serve`),
+    None when none does."""
+    if not _locked(str(data_dir)):
+        return None
+    try:
+        return int(authfiles.read_private(data_dir / LOCK_NAME).strip())
+    except (OSError, ValueError, authfiles.UnsafePathError):
+        return None

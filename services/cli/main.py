@@ -11,7 +11,7 @@ import argparse
 import sys
 
 from experiments.common import ExperimentError, sigterm_as_interrupt
-from services.cli import calibrate, experiment, live, operate
+from services.cli import calibrate, experiment, join, live, operate, serve
 from services.cli import dashboard as dashboard_cli
 from services.cli.common import CliError, parse_with_pairs
 from shared import auth
@@ -26,6 +26,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     experiment.add_parser(sub)
     live.add_parsers(sub)
+    serve.add_parsers(sub)
+    join.add_parsers(sub)
     operate.add_parsers(sub)
     dashboard_cli.add_parsers(sub)
     calibrate.add_parsers(sub)

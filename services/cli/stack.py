@@ -67,6 +67,10 @@ class StackSpec:
     """What workers do with the limits on a clean stop: keep them, or restore the containers' own."""
     nats_servers: int = 1
     """1: one nats-server; 3 (or 5...): a cluster, the objectives bucket in 3 replicas (shared/natscluster.py)."""
+    nats_listen: str = "127.0.0.1"
+    """Where the front of a private server listens for clients (a control plane: its public address)."""
+    nats_port: int = 0
+    """The front's port (0: a free one)."""
 
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -163,6 +167,11 @@ class Stack:
         env = dict(os.environ)
         env["PYTHONUNBUFFERED"] = "1"
         return env
+
+    def spawn(self, name: str, args: list[str], identity: str) -> None:
+        """Start `python ARGS` as service `name` with `identity`'s credentials, supervised like the
+        stack's own (a host role's worker: services.cli.serve)."""
+        self._spawn(name, args, identity)
 
     def _spawn(self, name: str, args: list[str], identity: str) -> None:
         self._argv[name] = (list(args), identity)
@@ -279,7 +288,8 @@ class Stack:
                                    log_path=str(self.run_dir / "nats-server.out"),
                                    config_file=auth.config_path(self.auth_dir))
             self.nats.start()
-            self.front = NatsFront(self._upstream).start()
+            self.front = NatsFront(self._upstream, host=self.spec.nats_listen, port=self.spec.nats_port,
+                                   upstream_host=self.nats.host).start()
 
     def _create_bucket(self, replicas: int, timeout_s: float = 30.0) -> None:
         """The objectives bucket, made before the manager starts (which uses it as it finds it): in

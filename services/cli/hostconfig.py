@@ -1,0 +1,199 @@
+"""The configuration of a host's roles: one TOML file, then environment variables, then flags.
+
+Why: a host that runs DQoES as a service (systemd, `dqoes serve ...`) is set
+up once, in a file an operator can read and version: `/etc/dqoes/dqoes.toml`
+by default (`--config`, `$DQOES_CONFIG`). Every key also has an environment
+variable and a flag, and the later wins: file < environment < flag, so a
+unit's `Environment=` or a one-off flag changes one value without editing
+the file. The table of keys (`SETTINGS`) is the only definition: the flags,
+the checks and docs/guide/install.md's reference follow it. An unknown key,
+section or a value of the wrong type is one line naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.cli.common import CliError
+
+DEFAULT_CONFIG = "/etc/dqoes/dqoes.toml"
+CONFIG_ENV = "DQOES_CONFIG"
+RUNTIMES = ("docker", "cgroup", "sim")
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    section: str
+    """"" for the top level, else the TOML table: control_plane or node."""
+    key: str
+    kind: type
+    env: str
+    default: Any
+    help: str
+    choices: tuple[str, ...] | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+    @property
+    def dest(self) -> str:
+        return f"cfg_{self.key}"
+
+    @property
+    def name(self) -> str:
+        return f"{self.section}.{self.key}" if self.section else self.key
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting("", "state_dir", str, "DQOES_STATE_DIR", None,
+            "where each role keeps its data (credentials, JetStream, join registry, logs; default "
+            "~/.local/state/dqoes; the shipped units use /var/lib/dqoes)"),
+    Setting("control_plane", "listen", str, "DQOES_LISTEN", "127.0.0.1",
+            "address NATS listens on for nodes and clients (0.0.0.0: every interface)"),
+    Setting("control_plane", "port", int, "DQOES_NATS_PORT", 4222, "NATS port"),
+    Setting("control_plane", "advertise", str, "DQOES_ADVERTISE_URL", None,
+            "the NATS URL nodes are told to join (default nats://<listen>:<port>)"),
+    Setting("control_plane", "accept_joins", bool, "DQOES_ACCEPT_JOINS", True,
+            "answer join requests (anonymous connections may then publish a join request, nothing else)"),
+    Setting("node", "name", str, "DQOES_NODE", None, "this node's name (default: the host name)"),
+    Setting("node", "control_plane", str, "DQOES_CONTROL_PLANE", None,
+            "the control plane's NATS URL (default: the one `dqoes join` recorded)"),
+    Setting("node", "join_token", str, "DQOES_JOIN_TOKEN", None,
+            "join with this token first if this node has not joined yet"),
+    Setting("node", "runtime", str, "DQOES_RUNTIME", "docker",
+            "docker: the labelled containers of this host's engine; cgroup: processes in cgroups; sim: a "
+            "simulated scenario", RUNTIMES),
+    Setting("node", "policy", str, "DQOES_POLICY", "learned", "allocation policy (`dqoes up --help` lists them)"),
+    Setting("node", "docker_url", str, "DQOES_DOCKER_URL", None, "docker: engine URL (default: the environment's)"),
+    Setting("node", "cores", float, "DQOES_CORES", None, "docker/cgroup: the node's cores (default: all)"),
+    Setting("node", "scenario", str, "DQOES_SCENARIO", None, "sim: built-in scenario or file"),
+    Setting("node", "time_scale", float, "DQOES_TIME_SCALE", 1.0, "sim: scenario seconds per wall second"),
+)
+
+SECTIONS = ("control_plane", "node")
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
+
+
+def settings_of(section: str) -> list[Setting]:
+    """The keys a role reads: the top level and its table."""
+    return [s for s in SETTINGS if s.section in ("", section)]
+
+
+def _convert(s: Setting, value: Any, where: str) -> Any:
+    """`value` as the setting's type; CliError naming `where` and the key."""
+    try:
+        if s.kind is bool:
+            if isinstance(value, bool):
+                out: Any = value
+            elif isinstance(value, str) and value.lower() in TRUE_WORDS + FALSE_WORDS:
+                out = value.lower() in TRUE_WORDS
+            else:
+                raise ValueError
+        elif s.kind is int:
+            if isinstance(value, bool) or not isinstance(value, int | str):
+                raise ValueError
+            out = int(value)
+        elif s.kind is float:
+            if isinstance(value, bool) or not isinstance(value, int | float | str):
+                raise ValueError
+            out = float(value)
+        else:
+            if not isinstance(value, str) or not value:
+                raise ValueError
+            out = value
+    except ValueError:
+        raise CliError(f"{where}: {s.name}: expected {s.kind.__name__}, got {value!r}") from None
+    if s.choices is not None and out not in s.choices:
+        raise CliError(f"{where}: {s.name}: {out!r} is not one of {', '.join(s.choices)}")
+    return out
+
+
+def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The file's values by setting name (`node.runtime`); CliError for an unreadable file, bad TOML, an
+    unknown section or key, or a value of the wrong type."""
+    p = Path(path)
+    try:
+        data = tomllib.loads(p.read_text())
+    except OSError as e:
+        raise CliError(f"config file {p}: {e.strerror or e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise CliError(f"config file {p}: not valid TOML ({e})") from None
+    known = {s.name: s for s in SETTINGS}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            if key not in SECTIONS:
+                raise CliError(f"config file {p}: unknown table [{key}] (tables: {', '.join(SECTIONS)})")
+            items = [(f"{key}.{k}", v) for k, v in value.items()]
+        else:
+            items = [(key, value)]
+        for name, v in items:
+            if name not in known:
+                section = name.rsplit(".", 1)[0] if "." in name else ""
+                keys = ", ".join(s.key for s in SETTINGS if s.section == section)
+                raise CliError(f"config file {p}: unknown key {name} (known{' in [' + section + ']' if section else ''}"
+                               f": {keys})")
+            out[name] = _convert(known[name], v, f"config file {p}")
+    return out
+
+
+def add_flags(p: argparse.ArgumentParser, section: str, only: tuple[str, ...] | None = None) -> None:
+    """--config and one flag per key the role reads (each names its key and variable); `only`: just
+    those keys (a command that needs a few)."""
+    p.add_argument("--config", metavar="FILE",
+                   help=f"TOML configuration (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG} if it exists); "
+                   "environment variables override it, flags override both")
+    for s in settings_of(section):
+        if only is not None and s.key not in only:
+            continue
+        shown = "" if s.default is None else f" (default: {s.default})"
+        if s.kind is bool:
+            p.add_argument(s.flag, dest=s.dest, default=None, action=argparse.BooleanOptionalAction,
+                           help=f"{s.help} [key {s.name}, env {s.env}]{shown}")
+        else:
+            p.add_argument(s.flag, dest=s.dest, default=None, type=s.kind, choices=s.choices,
+                           help=f"{s.help} [key {s.name}, env {s.env}]{shown}")
+
+
+def config_path(args: argparse.Namespace) -> Path | None:
+    """--config, else $DQOES_CONFIG (both must exist), else the default file if it exists, else None."""
+    given = getattr(args, "config", None) or os.environ.get(CONFIG_ENV) or None
+    if given:
+        return Path(given)
+    return Path(DEFAULT_CONFIG) if Path(DEFAULT_CONFIG).is_file() else None
+
+
+def resolve(args: argparse.Namespace, section: str) -> dict[str, Any]:
+    """Every key the role reads (by key, without the table): flag, else environment, else file, else
+    the default."""
+    path = config_path(args)
+    from_file = load_file(path) if path is not None else {}
+    out: dict[str, Any] = {}
+    for s in settings_of(section):
+        flag = getattr(args, s.dest, None)
+        env = os.environ.get(s.env)
+        if flag is not None:
+            out[s.key] = flag
+        elif env:
+            out[s.key] = _convert(s, env, f"${s.env}")
+        elif s.name in from_file:
+            out[s.key] = from_file[s.name]
+        else:
+            out[s.key] = s.default
+    return out
+
+
+def reference() -> str:
+    """The keys as a Markdown table (docs/guide/install.md)."""
+    rows = ["| key | type | environment | flag | default | meaning |", "|---|---|---|---|---|---|"]
+    for s in SETTINGS:
+        default = "" if s.default is None else f"`{s.default}`"
+        rows.append(f"| `{s.name}` | {s.kind.__name__} | `{s.env}` | `{s.flag}` | {default} | {s.help} |")
+    return "\n".join(rows)

@@ -1,0 +1,93 @@
+"""The host roles' configuration: TOML file < environment < flag, and one-line errors (hostconfig.py)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from services.cli import hostconfig
+from services.cli.common import CliError
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _parser(section: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    hostconfig.add_flags(p, section)
+    return p
+
+
+def _clean(monkeypatch: pytest.MonkeyPatch) -> None:
+    for s in hostconfig.SETTINGS:
+        monkeypatch.delenv(s.env, raising=False)
+    monkeypatch.delenv(hostconfig.CONFIG_ENV, raising=False)
+
+
+def test_file_then_environment_then_flag(tmp_path, monkeypatch):
+    _clean(monkeypatch)
+    f = tmp_path / "dqoes.toml"
+    f.write_text('state_dir = "/from/file"\n[node]\nruntime = "cgroup"\npolicy = "dqoes"\ncores = 3\n'
+                 'name = "file-name"\n')
+    args = _parser("node").parse_args(["--config", str(f)])
+    cfg = hostconfig.resolve(args, "node")
+    assert (cfg["runtime"], cfg["policy"], cfg["cores"], cfg["name"], cfg["state_dir"]) == (
+        "cgroup", "dqoes", 3.0, "file-name", "/from/file")
+    assert cfg["time_scale"] == 1.0  # not in the file: the default
+    monkeypatch.setenv("DQOES_RUNTIME", "sim")
+    monkeypatch.setenv("DQOES_CORES", "5")
+    cfg = hostconfig.resolve(args, "node")
+    assert (cfg["runtime"], cfg["cores"], cfg["policy"]) == ("sim", 5.0, "dqoes")
+    args = _parser("node").parse_args(["--config", str(f), "--runtime", "docker", "--policy", "default"])
+    cfg = hostconfig.resolve(args, "node")
+    assert (cfg["runtime"], cfg["cores"], cfg["policy"]) == ("docker", 5.0, "default")
+
+
+def test_config_from_the_environment_variable_and_booleans(tmp_path, monkeypatch):
+    _clean(monkeypatch)
+    f = tmp_path / "c.toml"
+    f.write_text("[control_plane]\nport = 4333\naccept_joins = false\n")
+    monkeypatch.setenv(hostconfig.CONFIG_ENV, str(f))
+    cfg = hostconfig.resolve(_parser("control_plane").parse_args([]), "control_plane")
+    assert (cfg["port"], cfg["accept_joins"], cfg["listen"]) == (4333, False, "127.0.0.1")
+    cfg = hostconfig.resolve(_parser("control_plane").parse_args(["--accept-joins"]), "control_plane")
+    assert cfg["accept_joins"] is True
+    monkeypatch.setenv("DQOES_ACCEPT_JOINS", "maybe")
+    with pytest.raises(CliError, match=r"\$DQOES_ACCEPT_JOINS: control_plane.accept_joins: expected bool"):
+        hostconfig.resolve(_parser("control_plane").parse_args([]), "control_plane")
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("[node]\nruntme = 'docker'\n", "unknown key node.runtme (known in [node]: name, control_plane"),
+    ("colour = 'blue'\n", "unknown key colour"),
+    ("[nodes]\nname = 'a'\n", "unknown table [nodes]"),
+    ("[control_plane]\nport = 'many'\n", "control_plane.port: expected int, got 'many'"),
+    ("[node]\nruntime = 'kubernetes'\n", "node.runtime: 'kubernetes' is not one of docker, cgroup, sim"),
+    ("[node\n", "not valid TOML"),
+])
+def test_bad_files_are_one_line_naming_the_key(tmp_path, monkeypatch, text, message):
+    _clean(monkeypatch)
+    f = tmp_path / "bad.toml"
+    f.write_text(text)
+    with pytest.raises(CliError) as e:
+        hostconfig.resolve(_parser("node").parse_args(["--config", str(f)]), "node")
+    assert message in str(e.value) and str(f) in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_a_missing_config_file_is_an_error_when_named(tmp_path, monkeypatch):
+    _clean(monkeypatch)
+    with pytest.raises(CliError, match="No such file"):
+        hostconfig.resolve(_parser("node").parse_args(["--config", str(tmp_path / "none.toml")]), "node")
+
+
+def test_the_shipped_example_uses_only_known_keys():
+    values = hostconfig.load_file(REPO / "packaging" / "systemd" / "dqoes.toml.example")
+    assert values["control_plane.port"] == 4222 and values["node.runtime"] == "docker"
+
+
+def test_the_install_guide_lists_every_key():
+    text = (REPO / "docs" / "guide" / "install.md").read_text()
+    for s in hostconfig.SETTINGS:
+        assert f"`{s.name}`" in text and f"`{s.env}`" in text and f"`{s.flag}" in text, s.name
