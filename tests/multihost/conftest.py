@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,12 +50,19 @@ def cluster() -> Iterator[engines.Cluster]:
         need("no Docker engine on this machine (run .ci/install-docker.sh)")
     if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
         need(f"image {IMAGE} missing on this machine's engine; build it with `make images`")
+    t0 = time.monotonic()
     try:
         c = engines.Cluster.up(N_ENGINES)
+        t1 = time.monotonic()
         c.swarm()
+        t2 = time.monotonic()
         c.load_images([IMAGE])
+        print(f"multihost: {N_ENGINES} engines in {t1 - t0:.1f} s, swarm in {t2 - t1:.1f} s, "
+              f"{IMAGE} loaded into each in {time.monotonic() - t2:.1f} s")
         yield c
     finally:
-        engines.cleanup()
+        t3 = time.monotonic()
+        removed = engines.cleanup()
+        print(f"multihost: cleanup in {time.monotonic() - t3:.1f} s: {', '.join(removed)}")
     left = engines.leftovers()
     assert not left, f"the multi-engine fixture left these behind: {left}"

@@ -45,6 +45,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -57,6 +58,8 @@ IPT_COMMENT = "dqoes-multihost"
 NODE_DIR = RUN_DIR / "node"
 """The per-host directory (credentials) the stack mounts: empty on the machine, each engine's own inside."""
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+DATA_SIZE = os.environ.get("DQOES_MULTIHOST_DATA_SIZE", "8g")
+"""The tmpfs holding every engine's data root (each gets a copy of the loaded images)."""
 SWARM_POOL = "10.232.0.0/16"
 """Overlay subnets: away from 10.0.0.0/8's first /24s and from the engines' own subnet."""
 
@@ -197,6 +200,10 @@ class Cluster:
         cleanup()  # leftovers of an earlier run would clash with the names below
         RUN_DIR.mkdir(parents=True, exist_ok=True)
         NODE_DIR.mkdir(parents=True, exist_ok=True)
+        # The engines' data roots in memory: loading an image into each writes it out again (GBs on
+        # disk otherwise), and removing them is one unmount.
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        run(["mount", "-t", "tmpfs", "-o", f"size={DATA_SIZE}", "dqoes-test", str(DATA_DIR)])
         run(["ip", "link", "add", BRIDGE, "type", "bridge"])
         run(["ip", "link", "set", BRIDGE, "up"])
         run(["iptables", "-I", "FORWARD", "-i", BRIDGE, "-o", BRIDGE, "-m", "comment", "--comment",
@@ -279,33 +286,40 @@ def _umount_under(root: Path) -> None:
         run(["umount", "-l", m], check=False)
 
 
+def _stop_engine(ns: str) -> str:
+    """Stop one engine: its containers, then every process left in its network namespace, then the namespace."""
+    t0 = time.monotonic()
+    engine = Engine(int(ns.removeprefix(f"{PREFIX}-eng")))
+    if engine.sock.exists() and engine.ready():
+        # Out of the swarm first, or it starts the tasks again; then every container, at once.
+        engine.docker("swarm", "leave", "--force", check=False, timeout=60)
+        ids = engine.docker("ps", "-aq", check=False).split()
+        if ids:
+            engine.docker("rm", "-f", *ids, check=False, timeout=120)
+    pids = _pids_in(ns)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        t_end = time.monotonic() + 10
+        while (pids := _pids_in(ns)) and time.monotonic() < t_end:
+            time.sleep(0.2)
+        if not pids:
+            break
+    _remove_cgroups(_container_ids(engine.data_root))
+    run(["ip", "netns", "delete", ns], check=False)
+    return f"engine {ns} ({time.monotonic() - t0:.1f} s)"
+
+
 def cleanup() -> list[str]:
     """Remove every engine, namespace, link, rule and directory this module makes; returns what it removed.
 
     Safe to call at any time, twice, or after a crash: each step looks for what is there.
     """
     removed: list[str] = []
-    for ns in _netns_names():
-        engine = Engine(int(ns.removeprefix(f"{PREFIX}-eng")))
-        if engine.sock.exists() and engine.ready():
-            # Leave the swarm first (stops the tasks cleanly), then any other container.
-            engine.docker("swarm", "leave", "--force", check=False, timeout=60)
-            ids = engine.docker("ps", "-aq", check=False).split()
-            if ids:
-                engine.docker("rm", "-f", *ids, check=False, timeout=120)
-        pids = _pids_in(ns)
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
-            t_end = time.monotonic() + 10
-            while (pids := _pids_in(ns)) and time.monotonic() < t_end:
-                time.sleep(0.2)
-            if not pids:
-                break
-        _remove_cgroups(_container_ids(engine.data_root))
-        run(["ip", "netns", "delete", ns], check=False)
-        removed.append(f"engine {ns}")
+    names = _netns_names()
+    with ThreadPoolExecutor(max_workers=max(1, len(names))) as pool:  # the engines stop side by side
+        removed += pool.map(_stop_engine, names)
     while _children:
         with contextlib.suppress(subprocess.TimeoutExpired):
             _children.pop().wait(timeout=10)
@@ -324,9 +338,9 @@ def cleanup() -> list[str]:
         removed.append("iptables rule")
     for d in (RUN_DIR, DATA_DIR):
         if d.exists():
-            _umount_under(d)
             for sub in d.iterdir() if d is DATA_DIR else []:
                 _remove_cgroups(_container_ids(sub))
+            _umount_under(d)
             shutil.rmtree(d, ignore_errors=True)
             if d.exists():  # a busy mount: one more try after a lazy unmount
                 _umount_under(d)

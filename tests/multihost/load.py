@@ -6,7 +6,8 @@ control-plane image has the project's package, so this publishes through
 the same `LatencyPublisher` (dqoes.latency.<node>.<container>) as
 services.inference, as the node's inference identity, under the container's
 hostname (Docker's short id, which the worker maps to the container).
-A pure-Python loop's seconds a batch follow its CPU limit (docs: ENVIRONMENT).
+A pure-Python loop's seconds a batch follow its CPU limit; a pause after each
+batch keeps three engines' loads from saturating a small machine.
 Delivered to the tasks as a Swarm config (tests/multihost/load.yml).
 """
 
@@ -21,6 +22,9 @@ from shared.bus import Bus, BusError
 from shared.publisher import LatencyPublisher
 
 WORK = int(os.environ.get("DQOES_LOAD_WORK", "200000"))
+"""Loop iterations a batch: tens of milliseconds unlimited."""
+PAUSE_S = float(os.environ.get("DQOES_LOAD_PAUSE_S", "0.25"))
+"""Idle time after each batch, so that three engines' loads leave a small machine's cores usable."""
 
 
 def batch() -> tuple[float, float]:
@@ -49,7 +53,7 @@ async def main() -> None:
         latency_s, cpu_s = batch()
         n += 1
         await pub.publish(pub.event(name, latency_s, 1, n, cpu_s=cpu_s, model="busy"))
-        await asyncio.sleep(0)
+        await asyncio.sleep(PAUSE_S)
 
 
 asyncio.run(main())

@@ -39,6 +39,8 @@ REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).parent
 STACK = "dqt"
 APPS = "dqt-load"
+ROUND_S = 2.0
+"""The workers' initial control interval (DQOES_INTERVAL_S)."""
 OBJECTIVE_S = 1.0
 """Far above what a load batch takes unlimited (tens of ms): a worker meets it by cutting the CPU limit."""
 
@@ -81,7 +83,7 @@ class Stack:
         self.env = {**os.environ, "DOCKER_HOST": self.manager_engine.url, "DQOES_AUTH_DIR": str(auth_dir),
                     "DQOES_NODE_DIR": str(engines.NODE_DIR),
                     "DQOES_DOCKER_SOCK": str(engines.NODE_DIR / "docker.sock"),
-                    "DQOES_INTERVAL_S": "2", "DQOES_LOG_LEVEL": "info"}
+                    "DQOES_INTERVAL_S": str(ROUND_S), "DQOES_LOG_LEVEL": "info"}
 
     def deploy(self, file: Path, name: str) -> None:
         done = subprocess.run(["docker", "stack", "deploy", "-c", str(file), name], env=self.env,
@@ -94,7 +96,7 @@ class Stack:
         assert task, "no manager task on the manager node"
         done = subprocess.run(["docker", "-H", self.manager_engine.url, "exec", "-e",
                                "DQOES_NATS_CREDS=/run/secrets/client.creds", task, "dqoes", *args,
-                               "--nats", "nats://nats:4222"], capture_output=True, text=True, timeout=60)
+                               "--nats", "nats://nats:4222"], capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
             raise engines.EngineError(f"dqoes {' '.join(args)}: {done.stderr.strip()[-300:]}")
         return done.stdout
@@ -148,6 +150,7 @@ def test_an_objective_is_carried_out_by_its_own_nodes_worker_only(stack: Stack) 
     assert tasks[target.name] in reply or "ok" in reply.lower(), reply
     wait_for(lambda: limited(target, tasks[target.name]), 90,
              f"the worker of {target.name} limits {tasks[target.name]}")
+    time.sleep(3 * ROUND_S)  # the other workers' next rounds: they must leave their containers alone
     for e in engs:
         if e is not target:
             assert limit_of(e, tasks[e.name]) == (0, 0), f"{e.name}'s load container was limited too"
@@ -197,3 +200,24 @@ def test_an_objective_set_once_on_the_service_applies_on_every_node(stack: Stack
     for e in engs:
         assert rows[tasks[e.name]]["node"] == e.name, rows
         assert rows[tasks[e.name]]["objective_s"] == OBJECTIVE_S, rows
+
+
+def test_removing_a_node(stack: Stack) -> None:
+    """Drain, leave, node rm (docs/guide/three-hosts.md): the node's worker and tasks stop, the rest go on."""
+    engs = stack.cluster.engines
+    if len(engs) < 3:
+        pytest.skip("needs three engines")
+    gone, manager = engs[-1], engs[0]
+    manager.docker("node", "update", "--availability", "drain", gone.name)
+    wait_for(lambda: task_of(gone, f"{STACK}_worker") is None and task_of(gone, f"{APPS}_load") is None, 90,
+             f"the worker and the load task on {gone.name} stop")
+    gone.docker("swarm", "leave", timeout=60)
+    wait_for(lambda: "Down" in manager.docker("node", "ls", "--filter", f"name={gone.name}",
+                                              "--format", "{{.Status}}"), 60, f"{gone.name} is down")
+    manager.docker("node", "rm", gone.name)
+    assert gone.name not in manager.docker("node", "ls", "--format", "{{.Hostname}}").split()
+    # The other nodes' workers still govern theirs.
+    for e in engs[:-1]:
+        assert task_of(e, f"{STACK}_worker"), f"no worker on {e.name} any more"
+        task = task_of(e, f"{APPS}_load")
+        assert task and limited(e, task), f"{e.name}'s load container is no longer limited"
