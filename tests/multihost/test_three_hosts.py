@@ -202,6 +202,26 @@ def test_an_objective_set_once_on_the_service_applies_on_every_node(stack: Stack
         assert rows[tasks[e.name]]["objective_s"] == OBJECTIVE_S, rows
 
 
+def test_a_plain_container_on_the_network_is_governed_by_its_nodes_worker(stack: Stack) -> None:
+    """`docker run --network dqoes` with the labels (docs/guide/three-hosts.md, step 4), no Swarm service."""
+    e = stack.cluster.engines[1 % len(stack.cluster.engines)]
+    name = "dqt-plain"
+    e.docker("run", "-d", "--name", name, "--init", "--network", "dqoes",
+             "--label", "dqoes.managed=true", "--label", "dqoes.model=busy",
+             "--label", f"dqoes.objective_s={OBJECTIVE_S}",
+             "-v", f"{engines.NODE_DIR}/inference.creds:/run/dqoes/nats.creds:ro",
+             "-v", f"{HERE / 'load.py'}:/opt/dqoes-load.py:ro",
+             "-e", "DQOES_NATS_URL=nats://nats:4222", "-e", "DQOES_NATS_CREDS=/run/dqoes/nats.creds",
+             "-e", f"DQOES_NODE={e.docker('info', '-f', '{{.Name}}')}",
+             "--entrypoint", "python", stack.env.get("DQOES_IMAGE", "dqoes:latest"), "/opt/dqoes-load.py")
+    try:
+        wait_for(lambda: limited(e, name), 90, f"the worker of {e.name} limits {name}")
+        rows = {c["container"]: c for c in stack.status()["containers"]}
+        assert rows[name]["node"] == e.name, rows
+    finally:
+        e.docker("rm", "-f", name, check=False)
+
+
 def test_removing_a_node(stack: Stack) -> None:
     """Drain, leave, node rm (docs/guide/three-hosts.md): the node's worker and tasks stop, the rest go on."""
     engs = stack.cluster.engines
