@@ -5,7 +5,8 @@ the control-plane image on this machine's engine (`make images`), unless
 DQOES_REQUIRE_DOCKER=1 (then they fail), as in tests/docker. Everything the
 engines fixture makes is removed by its finalizer, also when a test fails;
 `python3 tests/multihost/engines.py cleanup` removes leftovers of a run that
-was killed.
+was killed. Runs take turns: the fixture holds a flock on
+/run/lock/dqoes-multihost.lock (the lock file stays, as lock files do).
 """
 
 from __future__ import annotations
@@ -50,6 +51,13 @@ def cluster() -> Iterator[engines.Cluster]:
         need("no Docker engine on this machine (run .ci/install-docker.sh)")
     if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
         need(f"image {IMAGE} missing on this machine's engine; build it with `make images`")
+    with engines.exclusive():
+        yield from _cluster()
+    left = engines.leftovers()
+    assert not left, f"the multi-engine fixture left these behind: {left}"
+
+
+def _cluster() -> Iterator[engines.Cluster]:
     t0 = time.monotonic()
     try:
         c = engines.Cluster.up(N_ENGINES)
@@ -64,5 +72,3 @@ def cluster() -> Iterator[engines.Cluster]:
         t3 = time.monotonic()
         removed = engines.cleanup()
         print(f"multihost: cleanup in {time.monotonic() - t3:.1f} s: {', '.join(removed)}")
-    left = engines.leftovers()
-    assert not left, f"the multi-engine fixture left these behind: {left}"

@@ -51,7 +51,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,6 +86,33 @@ def run(argv: Sequence[str], *, check: bool = True, input: bytes | None = None,
         raise EngineError(f"{' '.join(argv)[:200]}: exit {done.returncode}: "
                           f"{(done.stderr or done.stdout).decode(errors='replace').strip()[-600:]}")
     return done
+
+
+LOCK = Path("/run/lock/dqoes-multihost.lock")
+"""Held while one run owns the engines (the names are fixed): a second run waits for it."""
+
+
+@contextlib.contextmanager
+def exclusive(timeout_s: float = 300.0) -> Iterator[None]:
+    """Hold LOCK (flock) for the block; EngineError if another run holds it past `timeout_s`."""
+    import fcntl
+
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    with open(LOCK, "a") as f:
+        t_end = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > t_end:
+                    raise EngineError(f"another run holds {LOCK} (the multi-engine cluster) for over "
+                                      f"{timeout_s:g} s") from None
+                time.sleep(1.0)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def preflight() -> str | None:
