@@ -4,7 +4,9 @@ What docs/guide/three-hosts.md tells a person to do, run for real: per-node
 credentials (`python3 -m shared.auth init --node ...`), each node's own two
 files at the same path, `docker stack deploy -c compose/stack-multinode.yml`
 on the manager, a global application service (tests/multihost/load.yml: a
-labelled pure-Python CPU burner on every node), then objectives. Asserted:
+labelled pure-Python CPU burner on every node), then objectives. Each worker
+is given no node name: it asks its engine (`docker info` Name, dqt-engN), and
+the status rows must name that node. Asserted:
 
 - an objective on the container of one node is carried out by that node's
   worker only: its CPU limit changes, the other nodes' containers keep none;
