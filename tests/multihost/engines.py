@@ -224,7 +224,6 @@ class Cluster:
     """N engines on one bridge; `swarm()` joins them into one Swarm (engine 1 the manager)."""
 
     engines: list[Engine] = field(default_factory=list)
-    swarm_error: str | None = None
 
     @classmethod
     def up(cls, n: int = 3) -> Cluster:
