@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import socket
+import dataclasses
 import sys
 
 from services.worker.app import WorkerConfig, run
 from services.worker.training import SPLITS
 from shared.core import registry
-from shared.runtime.factory import KINDS
+from shared.runtime.base import RuntimeFailure
+from shared.runtime.factory import KINDS, default_node
 from shared.settings import (
     DEFAULT_METRICS_ADDR,
     add_common,
@@ -38,7 +39,9 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
         epilog="policies:\n" + registry.describe() + "\ntraining policies:\n" + registry.describe("training"), formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_common(ap)
-    flag(ap, "--node", "DQOES_NODE", socket.gethostname(), help="this node's name")
+    flag(ap, "--node", "DQOES_NODE", None,
+         help="this node's name (default: with --runtime docker the engine's name, `docker info` Name, which "
+         "a worker in a container reaches through the mounted socket; else the hostname)")
     flag(ap, "--policy", "DQOES_POLICY", "learned", help="allocation policy (below; default learned, the recommended one; dqoes: the paper's)", choices=registry.names())
     flag(ap, "--runtime", "DQOES_RUNTIME", "sim", help="where containers run", choices=KINDS)
     flag(ap, "--scenario", "DQOES_SCENARIO", None, help="sim runtime: built-in scenario or file")
@@ -93,6 +96,8 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     a = ap.parse_args(argv)
     if a.prometheus_url is not None and not a.prometheus_url.startswith(("http://", "https://")):
         ap.error("--prometheus-url must be an http:// or https:// URL")
+    if not a.node and a.runtime != "docker":
+        a.node = default_node(a.runtime)
     if a.runtime == "sim" and not a.scenario:
         ap.error("--runtime sim needs --scenario (a built-in name or a file)")
     if registry.spec(a.policy).needs_curves and a.runtime != "sim":
@@ -102,7 +107,7 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     params = _params(ap, a.param)
     return WorkerConfig(
         nats_url=nats_url(ap, a), nats_creds=a.creds, inference_creds=a.inference_creds, on_stop=a.on_stop, state_dir=a.state_dir,
-        node=a.node, policy=a.policy, runtime=a.runtime, scenario=a.scenario,
+        node=a.node or "", policy=a.policy, runtime=a.runtime, scenario=a.scenario,
         seed=a.seed, time_scale=a.time_scale, start_at=a.start_at, cores=a.cores, alpha=a.alpha, beta=a.beta,
         initial_interval_s=a.interval, params=params, state_interval_s=a.state_interval, cgroup_root=a.cgroup_root,
         docker_url=a.docker_url, workload_batch=a.workload_batch, workload_resolution=a.workload_resolution,
@@ -114,8 +119,20 @@ def parse(argv: list[str] | None = None) -> WorkerConfig:
     )
 
 
+def with_node(cfg: WorkerConfig) -> WorkerConfig:
+    """`cfg` with its node named: a docker worker given none takes the engine's name (RuntimeFailure if
+    the engine cannot be asked). Done when the worker starts, not while parsing, which asks no engine."""
+    if cfg.node:
+        return cfg
+    return dataclasses.replace(cfg, node=default_node(cfg.runtime, cfg.docker_url))
+
+
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse(argv)
+    try:
+        cfg = with_node(parse(argv))
+    except RuntimeFailure as e:
+        print(f"python -m services.worker: error: {e}; give --node", file=sys.stderr)
+        return 2
     setup_logging(cfg.log_level, cfg.log_format, f"worker[{cfg.node}]")
     try:
         return asyncio.run(run(cfg))

@@ -449,6 +449,27 @@ def _shares_for(limit: float | None) -> int:
     return cgroupfs.weight_scale(1).raw_for(cgroupfs.weight_for_share(1, limit))
 
 
+def engine_name(docker_url: str | None = None, timeout_s: float = 10.0) -> str:
+    """The engine's name, `docker info` Name: its host's hostname, and a Swarm node's hostname.
+
+    What a worker calls its node when it is given none: inside a container the
+    hostname is the container's id, not the host's, while the engine reached
+    through the mounted socket is the host's own. RuntimeFailure if unreachable.
+    """
+    try:
+        api = (docker.APIClient(base_url=docker_url, version="auto", timeout=timeout_s) if docker_url
+               else docker.from_env(timeout=timeout_s).api)
+        try:
+            name = api.info().get("Name")
+        finally:
+            api.close()
+    except _ENGINE_ERRORS as e:
+        raise RuntimeFailure(f"cannot ask the docker engine its name: {_one_line(e)}") from e
+    if not isinstance(name, str) or not name:
+        raise RuntimeFailure("the docker engine reports no name")
+    return name
+
+
 def _one_line(e: BaseException) -> str:
     text = str(e) or type(e).__name__
     return " ".join(text.split())[:300]

@@ -16,6 +16,7 @@ what is simulated stays behind this module (import-linter keeps it so).
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -62,6 +63,16 @@ class RuntimeSettings:
     nats_creds: str | None = None
     """cgroup runtime: the credentials file its inference processes connect with (else the URL's)."""
     """cgroup with a scenario: where the inference processes publish."""
+
+
+def default_node(kind: str, docker_url: str | None = None) -> str:
+    """A worker's node when none is given: the engine's name (`docker info` Name) for `docker`, else
+    this machine's hostname. RuntimeFailure if the engine cannot be asked."""
+    if kind == "docker":
+        from shared.runtime.docker import engine_name
+
+        return engine_name(docker_url)
+    return socket.gethostname()
 
 
 def make_runtime(s: RuntimeSettings, on_batch: BatchCallback | None = None) -> Runtime:

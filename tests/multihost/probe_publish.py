@@ -1,0 +1,29 @@
+"""Publish as this container's identity on the subjects given; print the server's refusals as JSON.
+
+Run inside a task container (docker exec ... python - SUBJECT... < this file),
+so it speaks as the credentials that node's engine mounted, over the overlay
+network. Prints {"identity": ..., "refused": [...]}: the server's
+permissions-violation errors, one per refused subject.
+"""
+
+import asyncio
+import json
+import os
+import sys
+
+from shared import auth
+from shared.bus import Bus
+
+
+async def main(subjects: list[str]) -> None:
+    creds = os.environ["DQOES_NATS_CREDS"]
+    bus = await Bus.connect(auth.resolve("nats://nats:4222", creds), "probe", connect_timeout_s=10.0)
+    for subject in subjects:
+        await bus.publish_raw(subject, b"{}")
+    await bus.flush()
+    await asyncio.sleep(1.5)  # the server's -ERR for a refused publish comes asynchronously
+    print(json.dumps({"identity": auth.load(creds).identity, "refused": list(bus.permission_violations)}))
+    await bus.close()
+
+
+asyncio.run(main(sys.argv[1:]))
