@@ -19,37 +19,40 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgpack
+import msgspec
 import orjson
+from msgspec import Meta
 
 from shared.core import bounds
-from shared.schema import SCHEMA_VERSION
-from shared.validation import (
-    FINITE,
-    FRACTION,
-    NONNEG,
-    OPEN_FRACTION,
-    POSITIVE,
-    UNIX_S,
+from shared.fields import (
+    EXPLAIN,
     Checked,
+    Count,
+    Count1,
+    Finite,
+    Ident,
     Invalid,
+    NonNeg,
+    OpenFraction,
+    Positive,
     SchemaError,
-    boolean,
-    build,
-    checked,
-    ident,
-    integer,
-    nested,
-    one_of,
-    optional,
+    Text,
+    UnixS,
+    check_id,
+    convert,
+    explain,
     schema_error,
     show,
-    text,
-    to_wire,
+)
+from shared.schema import (
+    SCHEMA_VERSION,
+    ContainerFields,
+    Met,
+    ObjectiveSource,
+    ThrottledRatio,
 )
 
 MAX_TARGET_BYTES = 64 * 1024
@@ -63,47 +66,54 @@ MIN_OBJECTIVE_S = bounds.MIN_OBJECTIVE_S
 # --- cluster summary (public JSON) ------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeSummary(Checked):
+class NodeSummary(Checked, frozen=True, kw_only=True):
     """One node in the cluster summary: counts per class and the q sums (s per batch)."""
 
     NAME: ClassVar[str] = "node_summary"
+    ALIASES: ClassVar[dict[str, str]] = {"q_g_s": "slack_sum_g_s", "q_s_s": "slack_sum_s_s",
+                                         "q_b_s": "slack_sum_b_s"}
 
-    satisfied: int = checked(integer(0))
-    G: int = checked(integer(0))
-    S: int = checked(integer(0))
-    B: int = checked(integer(0))
-    pending: int = checked(integer(0))
-    slack_sum_g_s: float = checked(FINITE, aliases=("q_g_s",))
-    slack_sum_s_s: float = checked(FINITE, default=0.0, aliases=("q_s_s",))
-    slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
-    interval_s: float = checked(POSITIVE)
-    containers: int = checked(integer(0))
-    policy: str = checked(text)
-    at: float = checked(UNIX_S)
-    met: int | None = checked(optional(integer(0)), default=None)
+    satisfied: Count
+    G: Count
+    S: Count
+    B: Count
+    pending: Count
+    slack_sum_g_s: Finite
+    slack_sum_s_s: Finite = 0.0
+    slack_sum_b_s: Finite
+    interval_s: Positive
+    containers: Count
+    policy: Text
+    at: UnixS
+    met: Count | None = None
     """Containers at or under (1 + alpha) x their objective (None: a worker too old to say)."""
-    cpu_cores_used: float | None = checked(optional(NONNEG), default=None)
+    cpu_cores_used: NonNeg | None = None
     """CPU the managed containers used over the last round, in cores."""
-    cpu_cores_idle: float | None = checked(optional(NONNEG), default=None)
+    cpu_cores_idle: NonNeg | None = None
     """The node's cores nobody used over the last round."""
 
 
-def _node_map(value: Any) -> dict[str, NodeSummary]:
-    if not isinstance(value, Mapping):
+def _node_map(value: Any) -> None:
+    if not isinstance(value, dict):
         raise Invalid(f"must be a map of node names to summaries, got {show(value)}")
-    out: dict[str, NodeSummary] = {}
-    check = nested(NodeSummary)
     for node, item in value.items():
         try:
-            out[ident(node)] = check(item)
+            found = explain(NodeSummary, item) if isinstance(item, dict) else Invalid(
+                f"must be a map, got {show(item)}")
+            if not (type(node) is str and found.problem == ""):
+                check_id(node)
+            if found.problem:
+                raise found
         except Invalid as e:
             raise Invalid(e.problem, f"[{show(node)}]{e.sub}") from None
-    return out
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterState(Checked):
+EXPLAIN["node_map"] = _node_map
+_ENCODER = msgspec.json.Encoder()
+"""Its bytes are orjson's for these objects: the golden cluster_state.json compares them."""
+
+
+class ClusterState(Checked, frozen=True, kw_only=True):
     """The manager's cluster summary, published as JSON on subjects.CLUSTER_STATE.
 
     Totals add up the nodes; `q_*_s` are sums of q = objective - latency over
@@ -112,28 +122,29 @@ class ClusterState(Checked):
 
     TYPE: ClassVar[str] = "cluster_state"
     NAME: ClassVar[str] = "cluster_state"
+    ALIASES: ClassVar[dict[str, str]] = NodeSummary.ALIASES
 
-    nodes: dict[str, NodeSummary] = checked(_node_map)
-    satisfied_total: int = checked(integer(0))
-    G: int = checked(integer(0))
-    S: int = checked(integer(0))
-    B: int = checked(integer(0))
-    pending: int = checked(integer(0))
-    slack_sum_g_s: float = checked(FINITE, aliases=("q_g_s",))
-    slack_sum_s_s: float = checked(FINITE, default=0.0, aliases=("q_s_s",))
-    slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
-    containers_total: int = checked(integer(0))
-    at: float = checked(UNIX_S)
-    met_total: int | None = checked(optional(integer(0)), default=None)
+    nodes: Annotated[dict[Ident, NodeSummary], Meta(extra={"explain": "node_map"})]
+    satisfied_total: Count
+    G: Count
+    S: Count
+    B: Count
+    pending: Count
+    slack_sum_g_s: Finite
+    slack_sum_s_s: Finite = 0.0
+    slack_sum_b_s: Finite
+    containers_total: Count
+    at: UnixS
+    met_total: Count | None = None
     """Met over the nodes that report it (None: none does)."""
-    cpu_cores_used_total: float | None = checked(optional(NONNEG), default=None)
-    cpu_cores_idle_total: float | None = checked(optional(NONNEG), default=None)
+    cpu_cores_used_total: NonNeg | None = None
+    cpu_cores_idle_total: NonNeg | None = None
 
     def to_json(self) -> bytes:
         """UTF-8 JSON: {"type": "cluster_state", "v": 1, ...fields, "nodes": {...}}."""
-        body = {"type": self.TYPE, "v": SCHEMA_VERSION}
-        body.update(to_wire(self))
-        return orjson.dumps(body)
+        body: dict[str, Any] = {"type": self.TYPE, "v": SCHEMA_VERSION}
+        body.update(msgspec.structs.asdict(self))
+        return _ENCODER.encode(body)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> ClusterState:
@@ -148,10 +159,7 @@ class ClusterState(Checked):
             raise SchemaError(
                 f"cluster_state.type: expected 'cluster_state', got {show(obj['type'])}"
             )
-        try:
-            return build(cls, obj)
-        except Invalid as e:
-            raise schema_error("cluster_state", e.sub, e.problem) from None
+        return convert(cls, obj)
 
 
 # --- public target requests (dqoes.targets) ---------------------------------------------
@@ -159,8 +167,8 @@ class ClusterState(Checked):
 TARGET_FIELDS = ("container", "objective", "objective_s", "alpha")
 
 
-def _objective(value: Any) -> float:
-    """The objective of a public request, with a reason a person can act on."""
+def _objective(value: Any) -> None:
+    """The objective of a public request, in words a person can act on (the bounds: `ObjectiveS`)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Invalid(f"must be a number of seconds per batch, got {show(value)}")
     try:
@@ -179,18 +187,19 @@ def _objective(value: Any) -> float:
         raise Invalid(
             f"must be at most {MAX_OBJECTIVE_S:g} seconds per batch (a day), got {show(value)}"
         )
-    return seconds
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TargetRequest(Checked):
+EXPLAIN["objective"] = _objective
+
+
+class TargetRequest(Checked, frozen=True, kw_only=True):
     """One objective asked for on the public subject: seconds per batch for a container."""
 
     NAME: ClassVar[str] = "target"
 
-    container: str = checked(ident)
-    objective_s: float = checked(_objective)
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
+    container: Ident
+    objective_s: Annotated[float, Meta(ge=MIN_OBJECTIVE_S, le=MAX_OBJECTIVE_S, extra={"explain": "objective"})]
+    alpha: OpenFraction | None = None
 
     def to_json(self) -> bytes:
         """The request as a client sends it: {"container": ..., "objective": ..., ["alpha": ...]}."""
@@ -284,9 +293,7 @@ def _parse_target(payload: Any) -> TargetRequest:
     if key not in obj:
         raise SchemaError("missing field 'objective' (seconds per batch)")
     try:
-        return TargetRequest(
-            container=obj["container"], objective_s=obj[key], alpha=obj.get("alpha")
-        )
+        return TargetRequest.build(container=obj["container"], objective_s=obj[key], alpha=obj.get("alpha"))
     except SchemaError as e:
         # Name the field as the client spelled it: "objective: must be ...".
         name = e.where.removeprefix(".")
@@ -344,7 +351,7 @@ def parse_container_request(payload: bytes | bytearray | memoryview, what: str =
         if "container" not in obj:
             raise SchemaError(f'{what}: missing field \'container\'; expected {{"container": "<name>"}}')
         try:
-            return ident(obj["container"])
+            return check_id(obj["container"])
         except Invalid as e:
             raise SchemaError(f"container: {e.problem}") from None
     except SchemaError:
@@ -374,7 +381,7 @@ def parse_node_filter(payload: bytes | bytearray | memoryview) -> str | None:
         if obj.get("node") is None:
             return None
         try:
-            return ident(obj["node"])
+            return check_id(obj["node"])
         except Invalid as e:
             raise SchemaError(f"node: {e.problem}") from None
     except SchemaError:
@@ -383,64 +390,59 @@ def parse_node_filter(payload: bytes | bytearray | memoryview) -> str | None:
         raise SchemaError(f"containers: undecodable (internal error: {e!r})") from None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StoredTarget(Checked):
+class StoredTarget(Checked, frozen=True, kw_only=True):
     """One stored objective as `dqoes.targets.get` and `.list` return it."""
 
     NAME: ClassVar[str] = "stored_target"
 
-    container: str = checked(ident)
-    objective_s: float = checked(POSITIVE)
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
-    revision: int = checked(integer(0))
-    set_at: float = checked(UNIX_S)
-    node: str | None = checked(optional(ident), default=None)
+    container: Ident
+    objective_s: Positive
+    alpha: OpenFraction | None = None
+    revision: Count
+    set_at: UnixS
+    node: Ident | None = None
     """The node hosting the container now (None: no live worker reports it)."""
-    running: bool = checked(boolean, default=False)
+    running: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ContainerInfo(Checked):
+class ContainerInfo(ContainerFields, frozen=True, kw_only=True):
     """One container in the public view (`dqoes.cluster.containers`), as its worker last reported it.
 
     Units: `*_s` seconds per batch, `*_cores` CPU cores, `*_at` unix seconds.
-    `met`: at or under (1 + alpha) x the objective (classes G and S);
-    `in_band`: within the band (class S, what the paper counts as satisfied).
-    Both are None for an unmanaged container or one with no batch yet.
+    The fields it shares with the internal `ContainerState` (name, model,
+    objective, alpha, latency) are defined once, in `ContainerFields`; `met`,
+    `throttled_ratio` and `objective_source` share their types and meaning.
+    `in_band`: within the band (class S, what the paper counts as satisfied);
+    None for an unmanaged container or one with no batch yet.
     """
 
     NAME: ClassVar[str] = "container_info"
 
-    node: str = checked(ident)
-    container: str = checked(ident)
-    model: str | None = checked(optional(text), default=None)
-    managed: bool = checked(boolean, default=False)
-    objective_s: float | None = checked(optional(POSITIVE), default=None)
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
-    latency_s: float | None = checked(optional(POSITIVE), default=None)
-    met: bool | None = checked(optional(boolean), default=None)
-    in_band: bool | None = checked(optional(boolean), default=None)
-    cls: str | None = checked(optional(text), default=None)
+    node: Ident
+    managed: bool = False
+    met: Met = None
+    in_band: bool | None = None
+    cls: Text | None = None
     """G (faster than the band), S (in it), B (slower), or None (pending or unmanaged)."""
-    cpu_limit_cores: float | None = checked(optional(POSITIVE), default=None)
+    cpu_limit_cores: Positive | None = None
     """None: no limit."""
-    cpu_used_cores: float | None = checked(optional(NONNEG), default=None)
-    throttled_ratio: float | None = checked(optional(FRACTION), default=None)
-    """Share of CFS periods in which it was throttled since the previous round; None: not measured."""
-    last_batch_at: float | None = checked(optional(UNIX_S), default=None)
-    stale: bool = checked(boolean, default=False)
+    cpu_used_cores: NonNeg | None = None
+    throttled_ratio: ThrottledRatio = None
+    last_batch_at: UnixS | None = None
+    stale: bool = False
     """It stopped publishing batches: its limit is kept and it is not counted as met."""
-    objective_source: str | None = checked(optional(one_of("target", "label")), default=None)
-    """Where the objective in force comes from: "target" (the store, set through dqoes.targets; it
-    wins over a label) or "label" (the container's dqoes.objective_s label); None: none, or unknown."""
-    seen_at: float = checked(UNIX_S)
+    objective_source: ObjectiveSource = None
+    seen_at: UnixS
     """When its worker last reported it (the node state's time)."""
+
+
+_ROWS = msgspec.json.Encoder()
 
 
 def containers_reply(rows: list[ContainerInfo], at: float) -> bytes:
     """`{"ok": true, "at": ..., "containers": [...]}` (sorted by node, then container)."""
-    body = sorted((to_wire(r) for r in rows), key=lambda r: (r["node"], r["container"]))
-    return orjson.dumps({"ok": True, "at": at, "containers": body})
+    body = sorted(rows, key=lambda r: (r.node, r.container))
+    return _ROWS.encode({"ok": True, "at": at, "containers": body})
 
 
 def parse_containers_reply(data: bytes) -> list[ContainerInfo]:
@@ -454,18 +456,19 @@ def parse_containers_reply(data: bytes) -> list[ContainerInfo]:
     out = []
     for i, row in enumerate(rows):
         try:
-            out.append(build(ContainerInfo, row) if isinstance(row, dict) else nested(ContainerInfo)(row))
-        except Invalid as e:
-            raise schema_error("containers", f"[{i}]{e.sub}", e.problem) from None
+            out.append(convert(ContainerInfo, row))
+        except SchemaError as e:
+            raise schema_error("containers", f"[{i}]{e.where}", e.problem) from None
     return out
+
+
 # --- training jobs: `dqoes.submit` ------------------------------------------------------
 
 SUBMIT_FIELDS = ("model", "name", "epochs", "node", "image", "threads", "seed")
 MAX_EPOCHS = 100_000
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SubmitRequest(Checked):
+class SubmitRequest(Checked, frozen=True, kw_only=True):
     """A training job asked for on `dqoes.submit`: which workload, optionally where and how long.
 
     `node` asks for a node (the manager checks it is there) instead of letting
@@ -475,17 +478,13 @@ class SubmitRequest(Checked):
 
     NAME: ClassVar[str] = "submit"
 
-    model: str = checked(text)
-    name: str | None = checked(optional(ident), default=None)
-    epochs: int | None = checked(optional(integer(1)), default=None)
-    node: str | None = checked(optional(ident), default=None)
-    image: str | None = checked(optional(text), default=None)
-    threads: int | None = checked(optional(integer(1)), default=None)
-    seed: int = checked(integer(0), default=0)
-
-    def _cross_check(self) -> None:
-        if self.epochs is not None and self.epochs > MAX_EPOCHS:
-            raise Invalid(f"must be at most {MAX_EPOCHS}, got {self.epochs}", ".epochs")
+    model: Text
+    name: Ident | None = None
+    epochs: Annotated[int, Meta(ge=1, le=MAX_EPOCHS)] | None = None
+    node: Ident | None = None
+    image: Text | None = None
+    threads: Count1 | None = None
+    seed: Count = 0
 
     def to_json(self) -> bytes:
         return orjson.dumps({k: getattr(self, k) for k in SUBMIT_FIELDS if getattr(self, k) is not None})
@@ -510,7 +509,7 @@ def parse_submit(payload: bytes | bytearray | memoryview) -> SubmitRequest:
         if "model" not in obj:
             raise SchemaError("missing field 'model' (vae, cnn, mlp, lstm, gru)")
         try:
-            return SubmitRequest(**obj)
+            return SubmitRequest.build(**obj)
         except SchemaError as e:
             name = e.where.removeprefix(".")
             raise SchemaError(f"{name}: {e.problem}", where=f".{name}", problem=e.problem) from None

@@ -2,11 +2,12 @@
 
 Why one module: the worker, the manager, the inference containers, the
 dashboard and outside tools are written and deployed separately, so the
-bytes between them are the contract. Each message is a frozen dataclass whose
-field names carry their units, built on `shared.validation`; `encode` turns
-it into a msgpack map with a flat envelope (`type`, `v`, `ts` in unix
-seconds, `sender`) followed by the message's own fields; `decode` checks
-everything it reads.
+bytes between them are the contract. Each message is a frozen msgspec
+Struct whose field names carry their units and whose types carry their
+rules (`shared.fields`); `encode` turns it into a msgpack map with a flat
+envelope (`type`, `v`, `ts` in unix seconds, `sender`) followed by the
+message's own fields; `decode` checks everything it reads (msgspec, in one
+pass per part).
 
 Rules, in the order they bite:
 - Decoding never raises anything but `SchemaError`, whatever the bytes are,
@@ -17,8 +18,10 @@ Rules, in the order they bite:
   sender can add fields without breaking older receivers.
 - A renamed field keeps its old wire name as an alias, read when the new
   name is absent, so messages of an earlier version still decode.
-- Messages validate themselves when built, so a service cannot publish a
-  message its peers would reject.
+- `encode` checks the message as its peers will (it decodes its own bytes)
+  and raises SchemaError instead of sending one they would reject; building
+  a message checks its ids and cross-field rules, `Cls.build(**fields)`
+  every rule (for values a person typed).
 
 Versions: 1 named a container's objective-minus-latency `q_s` and the class
 sums `q_g_s`/`q_b_s`; 2 names them `slack_s` and `slack_sum_g_s`/
@@ -39,88 +42,71 @@ The public JSON a client speaks (target requests, the cluster summary) is in
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 import msgpack
+import msgspec
+from msgspec import Meta
 
-from shared import subjects as subjects_mod
-from shared.core import bounds
 from shared.core.types import Cls, Decision
-from shared.core.values import slot_builder
-from shared.validation import (
-    FINITE,
-    FRACTION,
-    IDS,
-    INTERVAL,
-    LATENCY,
+from shared.fields import (
+    EXPLAIN,
     MAX_TEXT_CHARS,
-    NONNEG,
-    OBJECTIVE,
-    OPEN_FRACTION,
-    POSITIVE,
-    UNIX_S,
-    Check,
     Checked,
+    Count,
+    Count1,
+    Finite,
+    FloatMap,
+    Fraction,
+    Ident,
+    Ids,
+    IntervalS,
     Invalid,
+    LatencyS,
+    NonNeg,
+    ObjectiveS,
+    OpenFraction,
+    ParamMap,
+    Positive,
     SchemaError,
-    boolean,
-    build,
-    checked,
-    float_map,
-    ident,
-    integer,
-    nested,
-    one_of,
-    optional,
-    param_map,
+    Text,
+    UnixS,
+    check_ids,
+    explain,
+    refusal,
     schema_error,
     show,
-    text,
-    to_wire,
-    tuple_of,
+    with_aliases,
 )
+
+__all__ = ["MAX_TEXT_CHARS", "SchemaError"]
 
 SCHEMA_VERSION = 3
 """Version written into every message's `v`; bump when a field changes name or meaning."""
+RENAMED_AT = 2
+"""The version that renamed fields (`q_s` -> `slack_s`, ...): an older message is read with `ALIASES`."""
 
 ENVELOPE_KEYS = ("type", "v", "ts", "sender")
-
-def _cls(value: Any) -> Cls | None:
-    if value is None:
-        return None
-    if isinstance(value, str) and value in ("G", "S", "B"):
-        return Cls(value)
-    raise Invalid(f"must be one of 'G', 'S', 'B' or nil, got {show(value)}")
-
-
 MEMBER_KEYS = ("G", "S", "B", "pending")
-
-
-def _members(value: Any) -> dict[str, tuple[str, ...]]:
-    if not isinstance(value, Mapping):
-        raise Invalid(f"must be a map with keys G, S, B, pending, got {show(value)}")
-    for key in value:
-        if key not in MEMBER_KEYS:
-            raise Invalid(f"unknown key {show(key)} (allowed: G, S, B, pending)")
-    out: dict[str, tuple[str, ...]] = {}
-    for key in MEMBER_KEYS:
-        try:
-            out[key] = IDS(value.get(key, ()))
-        except Invalid as e:
-            raise Invalid(e.problem, f"[{key!r}]{e.sub}") from None
-    return out
+Members = Annotated[dict[Literal["G", "S", "B", "pending"], Ids], Meta(extra={"explain": "members"})]
 
 
 # --- internal messages (msgpack) ------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LatencyEvent(Checked):
+class Message(Checked, frozen=True, kw_only=True):
+    """A message with a type of its own on the wire (the envelope's `type`)."""
+
+    TYPE: ClassVar[str] = ""
+    FROM_TS: ClassVar[str | None] = None
+    """A field that, when None, takes the envelope's ts (on the wire and when decoded)."""
+    ALIASES: ClassVar[dict[str, str]] = {}
+    """Older wire names of renamed fields, {old: new}: read when the new name is absent."""
+
+
+class LatencyEvent(Message, frozen=True, kw_only=True):
     """Inference container -> worker: one batch finished.
 
     `cpu_s` is the CPU time the batch used (0.0: not measured); `finished_at`
@@ -131,20 +117,20 @@ class LatencyEvent(Checked):
 
     TYPE: ClassVar[str] = "latency"
     NAME: ClassVar[str] = "latency"
+    FROM_TS: ClassVar[str | None] = "finished_at"
 
-    container: str = checked(ident)
-    node: str = checked(ident)
-    latency_s: float = checked(LATENCY)
-    images: int = checked(integer(1))
-    batch: int = checked(integer(0))
-    cpu_s: float = checked(NONNEG, default=0.0)
-    model: str | None = checked(optional(text), default=None)
-    finished_at: float | None = checked(UNIX_S, default=None, from_envelope="ts")
-    follows_limit: bool = checked(boolean, default=False)
+    container: Ident
+    node: Ident
+    latency_s: LatencyS
+    images: Count1
+    batch: Count
+    cpu_s: NonNeg = 0.0
+    model: Text | None = None
+    finished_at: UnixS | None = None
+    follows_limit: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ContainerDecisionMsg(Checked):
+class ContainerDecisionMsg(Checked, frozen=True, kw_only=True):
     """One container's part of a round: class, gap q = objective - latency, old and new limit.
 
     Limits and shares are fractions of the node (1.0 = all its cores); None:
@@ -152,19 +138,19 @@ class ContainerDecisionMsg(Checked):
     """
 
     NAME: ClassVar[str] = "container_decision"
+    ALIASES: ClassVar[dict[str, str]] = {"q_s": "slack_s"}
 
-    container: str = checked(ident)
-    cls: Cls | None = checked(_cls, default=None)
-    slack_s: float | None = checked(optional(FINITE), default=None, aliases=("q_s",))
-    latency_s: float | None = checked(optional(POSITIVE), default=None)
-    cpu_share: float | None = checked(optional(NONNEG), default=None)
-    old_limit: float | None = checked(optional(POSITIVE), default=None)
-    new_limit: float | None = checked(optional(POSITIVE), default=None)
-    reason: str = checked(text, default="")
+    container: Ident
+    cls: Cls | None = None
+    slack_s: Finite | None = None
+    latency_s: Positive | None = None
+    cpu_share: NonNeg | None = None
+    old_limit: Positive | None = None
+    new_limit: Positive | None = None
+    reason: Text = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DecisionMsg(Checked):
+class DecisionMsg(Message, frozen=True, kw_only=True):
     """Worker -> anyone: what one control round on one node decided.
 
     `round` counts rounds on the worker; `at` is when it ran (unix s);
@@ -174,19 +160,20 @@ class DecisionMsg(Checked):
 
     TYPE: ClassVar[str] = "decision"
     NAME: ClassVar[str] = "decision"
+    ALIASES: ClassVar[dict[str, str]] = {"q_g_s": "slack_sum_g_s", "q_b_s": "slack_sum_b_s"}
 
-    node: str = checked(ident)
-    policy: str = checked(text)
-    round: int = checked(integer(0))
-    at: float = checked(UNIX_S)
-    event: str | None = checked(optional(text), default=None)
-    listener: str = checked(text, default="")
-    interval_s: float = checked(POSITIVE)
-    slack_sum_g_s: float = checked(FINITE, aliases=("q_g_s",))
-    slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
-    satisfied: int = checked(integer(0))
-    containers: tuple[ContainerDecisionMsg, ...] = checked(tuple_of(nested(ContainerDecisionMsg)))
-    extra: dict[str, float] = checked(float_map, factory=dict)
+    node: Ident
+    policy: Text
+    round: Count
+    at: UnixS
+    event: Text | None = None
+    listener: Text = ""
+    interval_s: Positive
+    slack_sum_g_s: Finite
+    slack_sum_b_s: Finite
+    satisfied: Count
+    containers: tuple[ContainerDecisionMsg, ...]
+    extra: FloatMap = msgspec.field(default_factory=dict)
 
     @classmethod
     def from_decision(cls, d: Decision, round: int, at: float) -> DecisionMsg:
@@ -219,39 +206,52 @@ class DecisionMsg(Checked):
         )
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ContainerState(Checked):
+class ContainerFields(Checked, frozen=True, kw_only=True):
+    """What the internal (`ContainerState`) and the public (`shared.public.ContainerInfo`) views of a
+    container say alike, defined once. Units: seconds per batch."""
+
+    container: Ident
+    model: Text | None = None
+    objective_s: Positive | None = None
+    alpha: OpenFraction | None = None
+    latency_s: Positive | None = None
+
+
+Met = bool | None
+"""At or under (1 + alpha) x the objective (classes G and S); None: unmanaged or no batch yet."""
+ThrottledRatio = Fraction | None
+"""Share of CFS periods throttled since the previous reading (cpu.stat); None: not measured."""
+ObjectiveSource = Literal["target", "label"] | None
+"""Where the objective in force comes from: "target" (the objective store, set through dqoes.targets;
+it wins) or "label" (the container's dqoes.objective_s label); None: no objective, or unknown."""
+
+
+class ContainerState(ContainerFields, frozen=True, kw_only=True):
     """One container in a node's state. `managed` False: seen but not controlled (no objective)."""
 
     NAME: ClassVar[str] = "container_state"
+    ALIASES: ClassVar[dict[str, str]] = {"q_s": "slack_s"}
 
-    container: str = checked(ident)
-    model: str | None = checked(optional(text), default=None)
-    objective_s: float | None = checked(optional(POSITIVE), default=None)
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
-    latency_s: float | None = checked(optional(POSITIVE), default=None)
-    cls: Cls | None = checked(_cls, default=None)
-    slack_s: float | None = checked(optional(FINITE), default=None, aliases=("q_s",))
-    limit: float | None = checked(optional(POSITIVE), default=None)
-    cpu_share: float | None = checked(optional(NONNEG), default=None)
-    managed: bool = checked(boolean, default=True)
-    met: bool | None = checked(optional(boolean), default=None)
-    """v3: latency at or under (1 + alpha) x the objective (G or S); None: unmanaged or no batch yet."""
-    cpu_cores_used: float | None = checked(optional(NONNEG), default=None)
+    cls: Cls | None = None
+    slack_s: Finite | None = None
+    limit: Positive | None = None
+    cpu_share: NonNeg | None = None
+    managed: bool = True
+    met: Met = None
+    """v3 (see `Met`)."""
+    cpu_cores_used: NonNeg | None = None
     """v3: CPU used over the last round, in cores (cpu_share x the node's cores)."""
-    throttled_ratio: float | None = checked(optional(FRACTION), default=None)
-    """v3: share of CFS periods throttled since the previous reading (cpu.stat); None: not measured."""
-    last_batch_at: float | None = checked(optional(UNIX_S), default=None)
+    throttled_ratio: ThrottledRatio = None
+    """v3 (see `ThrottledRatio`)."""
+    last_batch_at: UnixS | None = None
     """v3: when the worker last heard a batch from it (unix s); None: never."""
-    stale: bool = checked(boolean, default=False)
+    stale: bool = False
     """No batch for longer than the worker's stale threshold: its limit is kept, it is not met."""
-    objective_source: str | None = checked(optional(one_of("target", "label")), default=None)
-    """Added within v3: where the objective in force comes from, "target" (the objective store, set
-    through dqoes.targets; it wins) or "label" (the container's dqoes.objective_s); None: no objective."""
+    objective_source: ObjectiveSource = None
+    """Added within v3 (see `ObjectiveSource`)."""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeState(Checked):
+class NodeState(Message, frozen=True, kw_only=True):
     """Worker -> manager and dashboard: everything about one node after a round.
 
     `members` maps G, S, B and pending to container names (all four keys are
@@ -263,30 +263,37 @@ class NodeState(Checked):
 
     TYPE: ClassVar[str] = "node_state"
     NAME: ClassVar[str] = "node_state"
+    ALIASES: ClassVar[dict[str, str]] = {"q_g_s": "slack_sum_g_s", "q_b_s": "slack_sum_b_s"}
 
-    node: str = checked(ident)
-    policy: str = checked(text)
-    cores: float = checked(POSITIVE)
-    round: int = checked(integer(0))
-    at: float = checked(UNIX_S)
-    interval_s: float = checked(POSITIVE)
-    slack_sum_g_s: float = checked(FINITE, aliases=("q_g_s",))
-    slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
-    satisfied: int = checked(integer(0))
-    members: dict[str, tuple[str, ...]] = checked(_members)
-    containers: tuple[ContainerState, ...] = checked(tuple_of(nested(ContainerState)))
-    expected: tuple[str, ...] = checked(IDS, default=())
-    params: dict[str, float] = checked(param_map, factory=dict)
-    slack_sum_s_s: float | None = checked(optional(FINITE), default=None)
+    node: Ident
+    policy: Text
+    cores: Positive
+    round: Count
+    at: UnixS
+    interval_s: Positive
+    slack_sum_g_s: Finite
+    slack_sum_b_s: Finite
+    satisfied: Count
+    members: Members
+    containers: tuple[ContainerState, ...]
+    expected: Ids = ()
+    params: ParamMap = msgspec.field(default_factory=dict)
+    slack_sum_s_s: Finite | None = None
     """Q_S: the sum of slack over S (v2; computed from `containers` when a v1 sender left it out)."""
-    met: int | None = checked(optional(integer(0)), default=None)
+    met: Count | None = None
     """v3: containers meeting their objective (G and S); None from older senders."""
-    cpu_cores_used: float | None = checked(optional(NONNEG), default=None)
+    cpu_cores_used: NonNeg | None = None
     """v3: CPU the containers used over the last round, in cores."""
-    cpu_cores_idle: float | None = checked(optional(NONNEG), default=None)
+    cpu_cores_idle: NonNeg | None = None
     """v3: the node's cores its containers left unused over the last round."""
 
     def _cross_check(self) -> None:
+        try:
+            members = _members(self.members)
+        except Invalid as e:
+            raise Invalid(e.problem, f".members{e.sub}") from None
+        if members is not self.members:
+            msgspec.structs.force_setattr(self, "members", members)
         if self.slack_sum_s_s is None:
             try:
                 total = math.fsum(
@@ -296,11 +303,30 @@ class NodeState(Checked):
                 total = math.inf
             if not math.isfinite(total):
                 raise Invalid("the slack of the S containers does not sum to a finite number", ".containers")
-            object.__setattr__(self, "slack_sum_s_s", total)
+            msgspec.structs.force_setattr(self, "slack_sum_s_s", total)
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ObjectiveAssign(Checked):
+def _members(value: Any) -> dict[str, tuple[str, ...]]:
+    """All four keys, each a tuple of ids (Invalid naming the key otherwise); `value` itself if so."""
+    if not isinstance(value, dict):
+        raise Invalid(f"must be a map with keys G, S, B, pending, got {show(value)}")
+    for key in value:
+        if key not in MEMBER_KEYS:
+            raise Invalid(f"unknown key {show(key)} (allowed: G, S, B, pending)")
+    for key, names in value.items():
+        try:
+            check_ids(names)
+        except Invalid as e:
+            raise Invalid(e.problem, f"[{key!r}]{e.sub}") from None
+    if len(value) == 4 and all(type(v) is tuple for v in value.values()):
+        return value
+    return {key: tuple(value.get(key, ())) for key in MEMBER_KEYS}
+
+
+EXPLAIN["members"] = _members
+
+
+class ObjectiveAssign(Message, frozen=True, kw_only=True):
     """Manager -> worker: the objective for one container (`objective_s` None clears it).
 
     `alpha` None: the node's default. `revision` is the key-value revision it
@@ -310,14 +336,13 @@ class ObjectiveAssign(Checked):
     TYPE: ClassVar[str] = "objective"
     NAME: ClassVar[str] = "objective"
 
-    container: str = checked(ident)
-    objective_s: float | None = checked(optional(OBJECTIVE))
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
-    revision: int = checked(integer(0))
+    container: Ident
+    objective_s: ObjectiveS | None
+    alpha: OpenFraction | None = None
+    revision: Count
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ControlMsg(Checked):
+class ControlMsg(Message, frozen=True, kw_only=True):
     """Operator -> worker: change the policy or its parameters at runtime; None leaves one unchanged.
 
     `params` (v3) names any parameter of the policy in force (its parameters
@@ -332,12 +357,12 @@ class ControlMsg(Checked):
     TYPE: ClassVar[str] = "control"
     NAME: ClassVar[str] = "control"
 
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
-    beta: float | None = checked(optional(OPEN_FRACTION), default=None)
-    initial_interval_s: float | None = checked(optional(INTERVAL), default=None)
-    max_interval_s: float | None = checked(optional(INTERVAL), default=None)
-    params: dict[str, float] = checked(param_map, factory=dict)
-    policy: str | None = checked(optional(ident), default=None)
+    alpha: OpenFraction | None = None
+    beta: OpenFraction | None = None
+    initial_interval_s: IntervalS | None = None
+    max_interval_s: IntervalS | None = None
+    params: ParamMap = msgspec.field(default_factory=dict)
+    policy: Ident | None = None
 
     def asked(self) -> dict[str, float]:
         """Every parameter this message sets, by name (the named fields, then `params`)."""
@@ -352,8 +377,7 @@ class ControlMsg(Checked):
             raise Invalid(f"must be >= initial_interval_s ({lo:g}), got {hi:g}", ".max_interval_s")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ControlReply(Checked):
+class ControlReply(Message, frozen=True, kw_only=True):
     """Worker -> operator (v3): the answer to a `ControlMsg` request.
 
     `ok` False: nothing changed and `error` says why; either way `params` are
@@ -363,19 +387,18 @@ class ControlReply(Checked):
     TYPE: ClassVar[str] = "control_reply"
     NAME: ClassVar[str] = "control_reply"
 
-    node: str = checked(ident)
-    policy: str = checked(text)
-    ok: bool = checked(boolean)
-    error: str = checked(text, default="")
-    params: dict[str, float] = checked(param_map, factory=dict)
-    changed: tuple[str, ...] = checked(tuple_of(text), default=())
+    node: Ident
+    policy: Text
+    ok: bool
+    error: Text = ""
+    params: ParamMap = msgspec.field(default_factory=dict)
+    changed: tuple[Text, ...] = ()
 
 
 # --- training jobs (FlowCon; v3 added these types, no field of an older type changed) -------------
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Progress(Checked):
+class Progress(Message, frozen=True, kw_only=True):
     """Training job -> its worker: the evaluation value E after a step or an epoch.
 
     `value` is E in the job's own unit (a loss: finite, >= 0); `epoch` and
@@ -387,53 +410,51 @@ class Progress(Checked):
 
     TYPE: ClassVar[str] = "progress"
     NAME: ClassVar[str] = "progress"
+    FROM_TS: ClassVar[str | None] = "at"
 
-    job: str = checked(ident)
-    node: str = checked(ident)
-    value: float = checked(NONNEG)
-    epoch: int = checked(integer(0))
-    step: int = checked(integer(0), default=0)
-    eval_fn: str | None = checked(optional(text), default=None)
-    model: str | None = checked(optional(text), default=None)
-    cpu_s: float = checked(NONNEG, default=0.0)
-    at: float | None = checked(UNIX_S, default=None, from_envelope="ts")
+    job: Ident
+    node: Ident
+    value: NonNeg
+    epoch: Count
+    step: Count = 0
+    eval_fn: Text | None = None
+    model: Text | None = None
+    cpu_s: NonNeg = 0.0
+    at: UnixS | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobDone(Checked):
+class JobDone(Message, frozen=True, kw_only=True):
     """Training job -> its worker: finished (`ok`) or gave up (`ok` false, `reason`)."""
 
     TYPE: ClassVar[str] = "job_done"
     NAME: ClassVar[str] = "job_done"
 
-    job: str = checked(ident)
-    node: str = checked(ident)
-    epochs: int = checked(integer(0))
-    duration_s: float = checked(NONNEG)
-    value: float | None = checked(optional(NONNEG), default=None)
-    ok: bool = checked(boolean, default=True)
-    reason: str = checked(text, default="")
+    job: Ident
+    node: Ident
+    epochs: Count
+    duration_s: NonNeg
+    value: NonNeg | None = None
+    ok: bool = True
+    reason: Text = ""
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainingJobState(Checked):
+class TrainingJobState(Checked, frozen=True, kw_only=True):
     """One training job in a worker's training state. `limit` is a fraction of the node."""
 
     NAME: ClassVar[str] = "training_job_state"
 
-    job: str = checked(ident)
-    stage: str = checked(text)
-    model: str | None = checked(optional(text), default=None)
-    value: float | None = checked(optional(NONNEG), default=None)
-    progress: float | None = checked(optional(NONNEG), default=None)
-    growth: float | None = checked(optional(NONNEG), default=None)
-    cpu_cores: float | None = checked(optional(NONNEG), default=None)
-    limit: float | None = checked(optional(POSITIVE), default=None)
-    stale: bool = checked(boolean, default=False)
+    job: Ident
+    stage: Text
+    model: Text | None = None
+    value: NonNeg | None = None
+    progress: NonNeg | None = None
+    growth: NonNeg | None = None
+    cpu_cores: NonNeg | None = None
+    limit: Positive | None = None
+    stale: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TrainingState(Checked):
+class TrainingState(Message, frozen=True, kw_only=True):
     """Worker -> manager and dashboard: the training side of a node after a round (Algorithm 4's input).
 
     `training_share` is the fraction of the node training jobs may use under
@@ -444,57 +465,52 @@ class TrainingState(Checked):
     TYPE: ClassVar[str] = "training_state"
     NAME: ClassVar[str] = "training_state"
 
-    node: str = checked(ident)
-    policy: str = checked(text)
-    cores: float = checked(POSITIVE)
-    round: int = checked(integer(0))
-    at: float = checked(UNIX_S)
-    interval_s: float = checked(POSITIVE)
-    training_share: float = checked(POSITIVE)
-    jobs: tuple[TrainingJobState, ...] = checked(tuple_of(nested(TrainingJobState)))
-    alpha: float | None = checked(optional(FINITE), default=None)
-    free_competition: bool = checked(boolean, default=False)
+    node: Ident
+    policy: Text
+    cores: Positive
+    round: Count
+    at: UnixS
+    interval_s: Positive
+    training_share: Positive
+    jobs: tuple[TrainingJobState, ...]
+    alpha: Finite | None = None
+    free_competition: bool = False
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Launch(Checked):
+class Launch(Message, frozen=True, kw_only=True):
     """Manager -> worker (request): start training job `job` of `model` on this node."""
 
     TYPE: ClassVar[str] = "launch"
     NAME: ClassVar[str] = "launch"
 
-    job: str = checked(ident)
-    model: str = checked(text)
-    epochs: int | None = checked(optional(integer(1)), default=None)
-    image: str | None = checked(optional(text), default=None)
-    threads: int | None = checked(optional(integer(1)), default=None)
-    seed: int = checked(integer(0), default=0)
+    job: Ident
+    model: Text
+    epochs: Count1 | None = None
+    image: Text | None = None
+    threads: Count1 | None = None
+    seed: Count = 0
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class LaunchReply(Checked):
+class LaunchReply(Message, frozen=True, kw_only=True):
     """Worker -> manager: whether the job started."""
 
     TYPE: ClassVar[str] = "launch_reply"
     NAME: ClassVar[str] = "launch_reply"
 
-    ok: bool = checked(boolean)
-    node: str = checked(ident)
-    job: str = checked(ident)
-    error: str = checked(text, default="")
+    ok: bool
+    node: Ident
+    job: Ident
+    error: Text = ""
 
 
-Message = (LatencyEvent | DecisionMsg | NodeState | ObjectiveAssign | ControlMsg | ControlReply | Progress | JobDone
-           | TrainingState | Launch | LaunchReply)
-MESSAGE_TYPES: dict[str, type[Any]] = {
+MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls for cls in (LatencyEvent, DecisionMsg, NodeState, ObjectiveAssign, ControlMsg, ControlReply,
                               Progress, JobDone, TrainingState, Launch, LaunchReply)
 }
 M = TypeVar("M")
 
 
-@dataclass(frozen=True, slots=True)
-class Envelope:
+class Envelope(msgspec.Struct, frozen=True):
     """A decoded message with its envelope: who sent it, when (unix s), at which version."""
 
     msg: Message
@@ -504,44 +520,80 @@ class Envelope:
     sender: str
 
 
+# --- the codec ------------------------------------------------------------------------------------------
+
+
+class _Head(msgspec.Struct):
+    """The envelope as it is read first (msgspec skips the message's own fields)."""
+
+    type: str
+    v: Count1
+    ts: UnixS
+    sender: Text
+
+
+_HEAD = msgspec.msgpack.Decoder(_Head)
+_DECODERS = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in MESSAGE_TYPES.items()}
+_LATENCY = _DECODERS["latency"]
+_ENCODER = msgspec.msgpack.Encoder()
+"""Its bytes are msgpack-python's (`packb(..., use_bin_type=True)`) for these maps: the golden-bytes
+tests compare them."""
+
+
 def encode(msg: Message, sender: str, ts: float | None = None) -> bytes:
     """The wire bytes of `msg`: a msgpack map, envelope first, then the fields in order.
 
-    `ts` (unix s) defaults to now. Deterministic for a given (msg, sender, ts).
+    `ts` (unix s) defaults to now. Deterministic for a given (msg, sender, ts). The bytes are
+    decoded once as a peer will: SchemaError (naming the field) instead of bytes a peer would refuse.
     """
-    if type(msg) not in MESSAGE_TYPES.values():
-        raise TypeError(f"not a schema message: {type(msg).__name__}")
+    cls = type(msg)
+    decoder = _DECODERS.get(getattr(cls, "TYPE", ""))
+    if decoder is None or MESSAGE_TYPES[cls.TYPE] is not cls:
+        raise TypeError(f"not a schema message: {cls.__name__}")
     if not isinstance(sender, str):
         raise TypeError(f"sender must be a string, got {type(sender).__name__}")
     ts_s = time.time() if ts is None else ts
+    if isinstance(ts_s, bool) or not isinstance(ts_s, int | float) or not 0 <= ts_s < math.inf:
+        raise schema_error(msg.NAME, ".ts", f"must be a unix time in seconds (finite, >= 0), got {show(ts_s)}")
+    ts_s = float(ts_s)
+    out: dict[str, Any] = {"type": cls.TYPE, "v": SCHEMA_VERSION, "ts": ts_s, "sender": sender}
+    out.update(msgspec.structs.asdict(msg))
+    if cls.FROM_TS is not None and out[cls.FROM_TS] is None:
+        out[cls.FROM_TS] = ts_s
+    data = _ENCODER.encode(out)
     try:
-        ts_s = UNIX_S(ts_s)
-    except Invalid as e:
-        raise schema_error(msg.NAME, ".ts", e.problem) from None
-    out: dict[str, Any] = {"type": msg.TYPE, "v": SCHEMA_VERSION, "ts": ts_s, "sender": sender}
-    for f in dataclasses.fields(msg):
-        value = getattr(msg, f.name)
-        source = f.metadata.get("from_envelope")
-        if value is None and source:
-            value = out[source]
-        out[f.name] = to_wire(value)
-    return msgpack.packb(out, use_bin_type=True)
+        decoder.decode(data)
+    except msgspec.ValidationError as e:
+        raise refusal(cls, msgspec.msgpack.decode(data), e) from None
+    return data
 
 
 def decode_envelope(data: bytes | bytearray | memoryview) -> Envelope:
     """Decode wire bytes into the message and its envelope; SchemaError on anything wrong."""
     try:
-        return _decode_envelope(data)
+        head = _HEAD.decode(data)
+        decoder = _DECODERS.get(head.type)
+        if decoder is not None and head.v >= RENAMED_AT:
+            return _envelope(decoder.decode(data), head)
+    except (msgspec.MsgspecError, TypeError):
+        pass
+    try:
+        return _decode_slowly(data)
     except SchemaError:
         raise
     except Exception as e:  # a safety net: the contract is "only SchemaError"
         raise SchemaError(f"message: undecodable (internal error: {e!r})") from None
 
 
-_ENVELOPE_CHECKS: tuple[tuple[str, Check], ...] = (("v", integer(1)), ("ts", UNIX_S), ("sender", text))
+def _envelope(msg: Message, head: _Head) -> Envelope:
+    if msg.FROM_TS is not None and getattr(msg, msg.FROM_TS) is None:
+        msgspec.structs.force_setattr(msg, msg.FROM_TS, head.ts)
+    return Envelope(msg, head.type, head.v, head.ts, head.sender)
 
 
-def _decode_envelope(data: Any) -> Envelope:
+def _decode_slowly(data: Any) -> Envelope:
+    """The path for whatever the fast one refused (and for messages before RENAMED_AT): read into
+    Python values first, so that the error can name the field."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise SchemaError(f"message: expected bytes, got {type(data).__name__}")
     try:
@@ -558,62 +610,34 @@ def _decode_envelope(data: Any) -> Envelope:
     cls = MESSAGE_TYPES.get(kind)
     if cls is None:
         raise schema_error("message", ".type", f"unknown message type {show(kind)}")
-    envelope: dict[str, Any] = {}
-    for key, check in _ENVELOPE_CHECKS:
-        if key not in obj:
-            raise schema_error(kind, f".{key}", "missing required field")
-        try:
-            envelope[key] = check(obj[key])
-        except Invalid as e:
-            raise schema_error(kind, f".{key}", e.problem) from None
+    found = explain(_Head, obj)
+    if found.problem:
+        raise schema_error(kind, found.sub, found.problem)
+    head = _Head(type=kind, v=obj["v"], ts=float(obj["ts"]), sender=obj["sender"])
+    fields = with_aliases(cls, obj)
     try:
-        msg = build(cls, obj, envelope)
-    except Invalid as e:
-        raise schema_error(kind, e.sub, e.problem) from None
-    return Envelope(
-        msg=msg, type=kind, v=envelope["v"], ts=envelope["ts"], sender=envelope["sender"]
-    )
-
-
-_MAX_LATENCY_S = bounds.MAX_LATENCY_S
-_build_latency = slot_builder(LatencyEvent)
-_is_good_id = subjects_mod.is_good_id
-
-
-def _id_ok(value: Any) -> bool:
-    return type(value) is str and _is_good_id(value)
+        msg = msgspec.convert(fields, cls)
+    except msgspec.ValidationError as e:
+        raise refusal(cls, fields, e, kind) from None
+    return _envelope(msg, head)
 
 
 def decode_latency(data: bytes | bytearray | memoryview) -> LatencyEvent:
     """A `LatencyEvent` from wire bytes, the worker's hot path (tens of thousands a second).
 
-    The common, well-formed message is checked field by field inline and
-    built without the generic machinery; anything else (another type, an
-    odd value, a missing field) goes through `decode_as`, so the result and
-    the errors are exactly the generic decoder's. SchemaError only.
+    The envelope, then the event, each read by msgspec; anything else (another type, an odd value, a
+    missing field) goes through `decode_as`, so the errors are exactly the generic decoder's.
+    SchemaError only.
     """
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-    except Exception:
-        obj = None
-    if type(obj) is dict and obj.get("type") == "latency":
-        g = obj.get
-        v, ts, sender = g("v"), g("ts"), g("sender")
-        lat, images, batch = g("latency_s"), g("images"), g("batch")
-        cpu, model, fin = g("cpu_s", 0.0), g("model"), g("finished_at")
-        follows = g("follows_limit", False)
-        if (type(v) is int and v >= 1 and type(ts) is float and 0.0 <= ts < math.inf
-                and type(sender) is str and len(sender) <= MAX_TEXT_CHARS
-                and type(lat) is float and 0.0 < lat <= _MAX_LATENCY_S
-                and type(images) is int and images >= 1 and type(batch) is int and batch >= 0
-                and type(cpu) is float and 0.0 <= cpu < math.inf
-                and (model is None or (type(model) is str and len(model) <= MAX_TEXT_CHARS))
-                and (fin is None or (type(fin) is float and 0.0 <= fin < math.inf))
-                and type(follows) is bool
-                and _id_ok(g("container")) and _id_ok(g("node"))):
-            return _build_latency(container=g("container"), node=g("node"), latency_s=lat, images=images,
-                                  batch=batch, cpu_s=cpu, model=model, finished_at=ts if fin is None else fin,
-                                  follows_limit=follows)
+        head = _HEAD.decode(data)
+        if head.type == "latency" and head.v >= RENAMED_AT:
+            msg = _LATENCY.decode(data)
+            if msg.finished_at is None:
+                msgspec.structs.force_setattr(msg, "finished_at", head.ts)
+            return msg
+    except (msgspec.MsgspecError, TypeError):
+        pass
     return decode_as(data, LatencyEvent)
 
 
