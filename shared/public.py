@@ -26,10 +26,9 @@ import msgspec
 import orjson
 from msgspec import Meta
 
+from shared.checked import EXPLAIN, Checked, convert, explain
 from shared.core import bounds
 from shared.fields import (
-    EXPLAIN,
-    Checked,
     Count,
     Count1,
     Finite,
@@ -42,18 +41,11 @@ from shared.fields import (
     Text,
     UnixS,
     check_id,
-    convert,
-    explain,
     schema_error,
     show,
 )
-from shared.schema import (
-    SCHEMA_VERSION,
-    ContainerFields,
-    Met,
-    ObjectiveSource,
-    ThrottledRatio,
-)
+from shared.messages import ContainerFields, Met, ObjectiveSource, ThrottledRatio
+from shared.schema import SCHEMA_VERSION
 
 MAX_TARGET_BYTES = 64 * 1024
 """A public target request larger than this is rejected before it is parsed."""
