@@ -101,8 +101,6 @@ def _node_map(value: Any) -> None:
 
 
 EXPLAIN["node_map"] = _node_map
-_ENCODER = msgspec.json.Encoder()
-"""Its bytes are orjson's for these objects: the golden cluster_state.json compares them."""
 
 
 class ClusterState(Checked, frozen=True, kw_only=True):
@@ -135,8 +133,8 @@ class ClusterState(Checked, frozen=True, kw_only=True):
     def to_json(self) -> bytes:
         """UTF-8 JSON: {"type": "cluster_state", "v": 1, ...fields, "nodes": {...}}."""
         body: dict[str, Any] = {"type": self.TYPE, "v": SCHEMA_VERSION}
-        body.update(msgspec.structs.asdict(self))
-        return _ENCODER.encode(body)
+        body.update(msgspec.to_builtins(self))
+        return orjson.dumps(body)
 
     @classmethod
     def from_json(cls, data: bytes | str) -> ClusterState:
@@ -428,13 +426,10 @@ class ContainerInfo(ContainerFields, frozen=True, kw_only=True):
     """When its worker last reported it (the node state's time)."""
 
 
-_ROWS = msgspec.json.Encoder()
-
-
 def containers_reply(rows: list[ContainerInfo], at: float) -> bytes:
     """`{"ok": true, "at": ..., "containers": [...]}` (sorted by node, then container)."""
-    body = sorted(rows, key=lambda r: (r.node, r.container))
-    return _ROWS.encode({"ok": True, "at": at, "containers": body})
+    body = msgspec.to_builtins(sorted(rows, key=lambda r: (r.node, r.container)))
+    return orjson.dumps({"ok": True, "at": at, "containers": body})
 
 
 def parse_containers_reply(data: bytes) -> list[ContainerInfo]:

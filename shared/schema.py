@@ -118,8 +118,9 @@ _HEAD = msgspec.msgpack.Decoder(_Head)
 _DECODERS = {kind: msgspec.msgpack.Decoder(cls) for kind, cls in MESSAGE_TYPES.items()}
 _LATENCY = msgspec.msgpack.Decoder(LatencyEvent)
 _ENCODER = msgspec.msgpack.Encoder()
-"""Its bytes are msgpack-python's (`packb(..., use_bin_type=True)`) for these maps: the golden-bytes
-tests compare them."""
+"""Its bytes are msgpack-python's (`packb(..., use_bin_type=True)`) for every value a message holds:
+the golden-bytes tests and a property test compare them. (msgspec's JSON differs from orjson's in
+float exponents, "1e16" for "1e+16", so the public JSON stays with orjson.)"""
 
 
 def encode(msg: Message, sender: str, ts: float | None = None) -> bytes:

@@ -9,7 +9,7 @@ paper's T_R), times are seconds, latencies are seconds per batch.
 
 The value types are frozen msgspec Structs: a round at 1,000 containers builds
 some 4,000 of them, and a Struct is built in about a fifth of the time of a
-frozen dataclass (docs/design/messages.md). They are built positionally or by
+frozen dataclass (docs/decisions/msgspec-messages.md). They are built positionally or by
 keyword, compared, hashed and copied with `msgspec.structs.replace`.
 """
 
