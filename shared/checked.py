@@ -173,7 +173,7 @@ def _plain(t: mi.Type, v: Any, optional: bool = False, desc: str | None = None) 
         rest = [u for u in t.types if not isinstance(u, mi.NoneType)]
         _value(rest[0], v, optional=len(rest) < len(t.types))
     elif isinstance(t, mi.FloatType):
-        if not (_number(v) and _within(t, float(v))):
+        if not (_number(v) and _within(t, v)):
             raise Invalid(f"must be {desc or 'a number'}, got {show(v)}")
     elif isinstance(t, mi.IntType):
         if isinstance(v, bool) or not isinstance(v, int) or (t.ge is not None and v < t.ge):
@@ -216,8 +216,9 @@ def _number(v: Any) -> bool:
         isinstance(v, int) or math.isfinite(v))
 
 
-def _within(t: mi.FloatType, x: float) -> bool:
+def _within(t: mi.FloatType, v: float) -> bool:
     try:
+        x = float(v)
         return math.isfinite(x) and not (
             (t.gt is not None and not x > t.gt) or (t.ge is not None and not x >= t.ge)
             or (t.lt is not None and not x < t.lt) or (t.le is not None and not x <= t.le))
