@@ -957,6 +957,16 @@ def test_numbers_are_floats_once_built_or_decoded():
     assert math.isclose(ns.cores, 2.0)
 
 
+def test_the_bytes_are_the_same_however_the_numbers_were_built():
+    """An int where a float belongs is sent as the float a peer reads (the golden bytes hold floats)."""
+    ints = msgspec.structs.replace(SAMPLES["node_state"], cores=2, round=42, containers=(
+        ContainerState(container="fresh", objective_s=5),))
+    floats = msgspec.structs.replace(SAMPLES["node_state"], cores=2.0, containers=(
+        ContainerState(container="fresh", objective_s=5.0),))
+    assert schema.encode(ints, "w", GOLDEN_TS) == schema.encode(floats, "w", GOLDEN_TS)
+    assert msgpack.unpackb(schema.encode(ints, "w", GOLDEN_TS))["cores"] == 2.0
+
+
 def test_aggregate_adds_up_the_three_numbers_and_says_when_no_node_reports_them():
     a = node_state("a", 10.0, met=3, cpu_cores_used=1.5, cpu_cores_idle=0.5)
     b = node_state("b", 11.0, met=2, cpu_cores_used=2.25, cpu_cores_idle=1.75)
