@@ -170,6 +170,10 @@ Met = bool | None
 """At or under (1 + alpha) x the objective (classes G and S); None: unmanaged or no batch yet."""
 ThrottledRatio = Fraction | None
 """Share of CFS periods throttled since the previous reading (cpu.stat); None: not measured."""
+LastBatchAt = UnixS | None
+"""When the worker last heard a batch from it (unix s); None: never."""
+Stale = bool
+"""No batch for longer than the worker's stale threshold: its limit is kept, it is not counted as met."""
 ObjectiveSource = Literal["target", "label"] | None
 """Where the objective in force comes from: "target" (the objective store, set through dqoes.targets;
 it wins) or "label" (the container's dqoes.objective_s label); None: no objective, or unknown."""
@@ -192,10 +196,10 @@ class ContainerState(ContainerFields, frozen=True, kw_only=True):
     """v3: CPU used over the last round, in cores (cpu_share x the node's cores)."""
     throttled_ratio: ThrottledRatio = None
     """v3 (see `ThrottledRatio`)."""
-    last_batch_at: UnixS | None = None
-    """v3: when the worker last heard a batch from it (unix s); None: never."""
-    stale: bool = False
-    """No batch for longer than the worker's stale threshold: its limit is kept, it is not met."""
+    last_batch_at: LastBatchAt = None
+    """v3 (see `LastBatchAt`)."""
+    stale: Stale = False
+    """See `Stale`."""
     objective_source: ObjectiveSource = None
     """Added within v3 (see `ObjectiveSource`)."""
 

@@ -31,7 +31,14 @@ from shared.fields import (
     schema_error,
     show,
 )
-from shared.messages import ContainerFields, Met, ObjectiveSource, ThrottledRatio
+from shared.messages import (
+    ContainerFields,
+    LastBatchAt,
+    Met,
+    ObjectiveSource,
+    Stale,
+    ThrottledRatio,
+)
 from shared.schema import SCHEMA_VERSION
 
 # --- cluster summary (public JSON) ------------------------------------------------------
@@ -179,7 +186,9 @@ class ContainerInfo(ContainerFields, frozen=True, kw_only=True):
     Units: `*_s` seconds per batch, `*_cores` CPU cores, `*_at` unix seconds.
     The fields it shares with the internal `ContainerState` (name, model,
     objective, alpha, latency) are defined once, in `ContainerFields`; `met`,
-    `throttled_ratio` and `objective_source` share their types and meaning.
+    `throttled_ratio`, `last_batch_at`, `stale` and `objective_source` share
+    their types and meaning (`shared.messages`: their order on the wire keeps
+    them out of the common base).
     `in_band`: within the band (class S, what the paper counts as satisfied);
     None for an unmanaged container or one with no batch yet.
     """
@@ -196,9 +205,8 @@ class ContainerInfo(ContainerFields, frozen=True, kw_only=True):
     """None: no limit."""
     cpu_used_cores: NonNeg | None = None
     throttled_ratio: ThrottledRatio = None
-    last_batch_at: UnixS | None = None
-    stale: bool = False
-    """It stopped publishing batches: its limit is kept and it is not counted as met."""
+    last_batch_at: LastBatchAt = None
+    stale: Stale = False
     objective_source: ObjectiveSource = None
     seen_at: UnixS
     """When its worker last reported it (the node state's time)."""
