@@ -10,6 +10,7 @@ import orjson
 
 SUITES = {
     "core": "bench.bench_core",
+    "messages": "bench.bench_messages",
     "live": "bench.bench_live",
     "docker": "bench.bench_docker",
     "dashboard": "bench.bench_dashboard",

@@ -38,9 +38,8 @@ import asyncio
 import inspect
 import logging
 import os
-import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Hashable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +50,7 @@ from nats.aio.client import Client as _NatsClient
 from nats.js.api import KeyValueConfig, StorageType
 
 from shared import auth, schema
+from shared.ratelog import RateLimiter
 from shared.schema import Message, SchemaError
 
 log = logging.getLogger(__name__)
@@ -128,32 +128,6 @@ MessageHandler = Callable[[Any, Incoming], Awaitable[None] | None]
 RawHandler = Callable[[Incoming], Awaitable[None] | None]
 
 
-class _RateLimiter:
-    """Counts events per key; says when (and how many) to log, at most once per interval."""
-
-    def __init__(self, interval_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.interval_s = interval_s
-        self.clock = clock
-        self._last: dict[Hashable, float] = {}
-        self._pending: Counter[Hashable] = Counter()
-
-    def hit(self, key: Hashable) -> int | None:
-        """Count one event; return the count to log now, or None to stay quiet."""
-        self._pending[key] += 1
-        now = self.clock()
-        last = self._last.get(key)
-        if last is not None and now - last < self.interval_s:
-            return None
-        self._last[key] = now
-        return self._pending.pop(key)
-
-    def flush(self) -> dict[Hashable, int]:
-        """Counts not yet logged (at shutdown)."""
-        out = dict(self._pending)
-        self._pending.clear()
-        return out
-
-
 class Subscription:
     """One subscription of a `Bus`; counts what it delivered, dropped and what failed."""
 
@@ -209,7 +183,7 @@ class Bus:
         self.dropped_by_subject: Counter[str] = Counter()
         """The same, per subscribed subject (pattern)."""
         self.handler_errors = 0
-        self._limiter = _RateLimiter(LOG_EVERY_S)
+        self._limiter = RateLimiter(LOG_EVERY_S)
         self._closing = False
         self._kv_watches: set[KVWatch] = set()
         self._pumps: set[asyncio.Task[None]] = set()

@@ -12,45 +12,50 @@ view (`dqoes.cluster.containers`) are small request/reply exchanges in the
 same style: requests with unknown fields are refused, replies carry "ok".
 
 Requests are parsed strictly and never raise anything but `SchemaError`
-with a one-line reason a person can act on. Shapes: docs/reference/api.md.
+with a one-line reason a person can act on. What DQoES answers (the cluster
+summary, the container view, the replies) is in `shared.replies`, and
+re-exported here. Shapes: docs/reference/api.md.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import msgpack
 import orjson
+from msgspec import Meta
 
+from shared.checked import EXPLAIN, Checked
 from shared.core import bounds
-from shared.schema import SCHEMA_VERSION
-from shared.validation import (
-    FINITE,
-    FRACTION,
-    NONNEG,
-    OPEN_FRACTION,
-    POSITIVE,
-    UNIX_S,
-    Checked,
+from shared.fields import (
+    Count,
+    Count1,
+    Ident,
     Invalid,
+    OpenFraction,
     SchemaError,
-    boolean,
-    build,
-    checked,
-    ident,
-    integer,
-    nested,
-    one_of,
-    optional,
-    schema_error,
+    Text,
+    check_id,
     show,
-    text,
-    to_wire,
 )
+from shared.replies import (
+    ClusterState,
+    ContainerInfo,
+    NodeSummary,
+    StoredTarget,
+    containers_reply,
+    parse_containers_reply,
+    parse_target_reply,
+    target_reply_error,
+    target_reply_ok,
+)
+
+__all__ = [
+    "ClusterState", "ContainerInfo", "NodeSummary", "SchemaError", "StoredTarget", "containers_reply",
+    "parse_containers_reply", "parse_target_reply", "target_reply_error", "target_reply_ok",
+]
 
 MAX_TARGET_BYTES = 64 * 1024
 """A public target request larger than this is rejected before it is parsed."""
@@ -60,107 +65,13 @@ MAX_OBJECTIVE_S = bounds.MAX_OBJECTIVE_S
 MIN_OBJECTIVE_S = bounds.MIN_OBJECTIVE_S
 """Smallest accepted objective: a millisecond per batch."""
 
-# --- cluster summary (public JSON) ------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeSummary(Checked):
-    """One node in the cluster summary: counts per class and the q sums (s per batch)."""
-
-    NAME: ClassVar[str] = "node_summary"
-
-    satisfied: int = checked(integer(0))
-    G: int = checked(integer(0))
-    S: int = checked(integer(0))
-    B: int = checked(integer(0))
-    pending: int = checked(integer(0))
-    slack_sum_g_s: float = checked(FINITE, aliases=("q_g_s",))
-    slack_sum_s_s: float = checked(FINITE, default=0.0, aliases=("q_s_s",))
-    slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
-    interval_s: float = checked(POSITIVE)
-    containers: int = checked(integer(0))
-    policy: str = checked(text)
-    at: float = checked(UNIX_S)
-    met: int | None = checked(optional(integer(0)), default=None)
-    """Containers at or under (1 + alpha) x their objective (None: a worker too old to say)."""
-    cpu_cores_used: float | None = checked(optional(NONNEG), default=None)
-    """CPU the managed containers used over the last round, in cores."""
-    cpu_cores_idle: float | None = checked(optional(NONNEG), default=None)
-    """The node's cores nobody used over the last round."""
-
-
-def _node_map(value: Any) -> dict[str, NodeSummary]:
-    if not isinstance(value, Mapping):
-        raise Invalid(f"must be a map of node names to summaries, got {show(value)}")
-    out: dict[str, NodeSummary] = {}
-    check = nested(NodeSummary)
-    for node, item in value.items():
-        try:
-            out[ident(node)] = check(item)
-        except Invalid as e:
-            raise Invalid(e.problem, f"[{show(node)}]{e.sub}") from None
-    return out
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ClusterState(Checked):
-    """The manager's cluster summary, published as JSON on subjects.CLUSTER_STATE.
-
-    Totals add up the nodes; `q_*_s` are sums of q = objective - latency over
-    the containers of each class (seconds per batch; Q_G >= 0, Q_B <= 0).
-    """
-
-    TYPE: ClassVar[str] = "cluster_state"
-    NAME: ClassVar[str] = "cluster_state"
-
-    nodes: dict[str, NodeSummary] = checked(_node_map)
-    satisfied_total: int = checked(integer(0))
-    G: int = checked(integer(0))
-    S: int = checked(integer(0))
-    B: int = checked(integer(0))
-    pending: int = checked(integer(0))
-    slack_sum_g_s: float = checked(FINITE, aliases=("q_g_s",))
-    slack_sum_s_s: float = checked(FINITE, default=0.0, aliases=("q_s_s",))
-    slack_sum_b_s: float = checked(FINITE, aliases=("q_b_s",))
-    containers_total: int = checked(integer(0))
-    at: float = checked(UNIX_S)
-    met_total: int | None = checked(optional(integer(0)), default=None)
-    """Met over the nodes that report it (None: none does)."""
-    cpu_cores_used_total: float | None = checked(optional(NONNEG), default=None)
-    cpu_cores_idle_total: float | None = checked(optional(NONNEG), default=None)
-
-    def to_json(self) -> bytes:
-        """UTF-8 JSON: {"type": "cluster_state", "v": 1, ...fields, "nodes": {...}}."""
-        body = {"type": self.TYPE, "v": SCHEMA_VERSION}
-        body.update(to_wire(self))
-        return orjson.dumps(body)
-
-    @classmethod
-    def from_json(cls, data: bytes | str) -> ClusterState:
-        """Parse and check a cluster summary (unknown fields ignored); SchemaError if bad."""
-        try:
-            obj = orjson.loads(data)
-        except Exception as e:
-            raise SchemaError(f"cluster_state: not JSON ({show(str(e))})") from None
-        if not isinstance(obj, dict):
-            raise SchemaError(f"cluster_state: must be a JSON object, got {type(obj).__name__}")
-        if obj.get("type", cls.TYPE) != cls.TYPE:
-            raise SchemaError(
-                f"cluster_state.type: expected 'cluster_state', got {show(obj['type'])}"
-            )
-        try:
-            return build(cls, obj)
-        except Invalid as e:
-            raise schema_error("cluster_state", e.sub, e.problem) from None
-
-
 # --- public target requests (dqoes.targets) ---------------------------------------------
 
 TARGET_FIELDS = ("container", "objective", "objective_s", "alpha")
 
 
-def _objective(value: Any) -> float:
-    """The objective of a public request, with a reason a person can act on."""
+def _objective(value: Any) -> None:
+    """The objective of a public request, in words a person can act on (the bounds: `ObjectiveS`)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise Invalid(f"must be a number of seconds per batch, got {show(value)}")
     try:
@@ -179,18 +90,19 @@ def _objective(value: Any) -> float:
         raise Invalid(
             f"must be at most {MAX_OBJECTIVE_S:g} seconds per batch (a day), got {show(value)}"
         )
-    return seconds
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class TargetRequest(Checked):
+EXPLAIN["objective"] = _objective
+
+
+class TargetRequest(Checked, frozen=True, kw_only=True):
     """One objective asked for on the public subject: seconds per batch for a container."""
 
     NAME: ClassVar[str] = "target"
 
-    container: str = checked(ident)
-    objective_s: float = checked(_objective)
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
+    container: Ident
+    objective_s: Annotated[float, Meta(ge=MIN_OBJECTIVE_S, le=MAX_OBJECTIVE_S, extra={"explain": "objective"})]
+    alpha: OpenFraction | None = None
 
     def to_json(self) -> bytes:
         """The request as a client sends it: {"container": ..., "objective": ..., ["alpha": ...]}."""
@@ -284,9 +196,7 @@ def _parse_target(payload: Any) -> TargetRequest:
     if key not in obj:
         raise SchemaError("missing field 'objective' (seconds per batch)")
     try:
-        return TargetRequest(
-            container=obj["container"], objective_s=obj[key], alpha=obj.get("alpha")
-        )
+        return TargetRequest.build(container=obj["container"], objective_s=obj[key], alpha=obj.get("alpha"))
     except SchemaError as e:
         # Name the field as the client spelled it: "objective: must be ...".
         name = e.where.removeprefix(".")
@@ -294,28 +204,7 @@ def _parse_target(payload: Any) -> TargetRequest:
         raise SchemaError(f"{name}: {e.problem}", where=f".{name}", problem=e.problem) from None
 
 
-def target_reply_ok(**fields: Any) -> bytes:
-    """JSON reply to an accepted target request: {"ok": true, ...fields}."""
-    return orjson.dumps({"ok": True, **fields})
-
-
-def target_reply_error(message: str) -> bytes:
-    """JSON reply to a rejected target request: {"ok": false, "error": message}."""
-    return orjson.dumps({"ok": False, "error": str(message)})
-
-
-def parse_target_reply(data: bytes) -> dict[str, Any]:
-    """A client's view of the reply: the JSON object, checked to carry a boolean "ok"."""
-    try:
-        obj = orjson.loads(data)
-    except Exception as e:
-        raise SchemaError(f"reply: not JSON ({show(str(e))})") from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("ok"), bool):
-        raise SchemaError('reply: must be a JSON object with a boolean "ok"')
-    return obj
-
-
-# --- the objective lifecycle (dqoes.targets.get|list|clear) and the container view -------
+# --- the objective lifecycle (dqoes.targets.get|list|clear) and the container view's filter -------
 
 
 def _parse_object(payload: Any, allowed: tuple[str, ...], what: str) -> dict[str, Any]:
@@ -344,7 +233,7 @@ def parse_container_request(payload: bytes | bytearray | memoryview, what: str =
         if "container" not in obj:
             raise SchemaError(f'{what}: missing field \'container\'; expected {{"container": "<name>"}}')
         try:
-            return ident(obj["container"])
+            return check_id(obj["container"])
         except Invalid as e:
             raise SchemaError(f"container: {e.problem}") from None
     except SchemaError:
@@ -374,7 +263,7 @@ def parse_node_filter(payload: bytes | bytearray | memoryview) -> str | None:
         if obj.get("node") is None:
             return None
         try:
-            return ident(obj["node"])
+            return check_id(obj["node"])
         except Invalid as e:
             raise SchemaError(f"node: {e.problem}") from None
     except SchemaError:
@@ -383,89 +272,13 @@ def parse_node_filter(payload: bytes | bytearray | memoryview) -> str | None:
         raise SchemaError(f"containers: undecodable (internal error: {e!r})") from None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class StoredTarget(Checked):
-    """One stored objective as `dqoes.targets.get` and `.list` return it."""
-
-    NAME: ClassVar[str] = "stored_target"
-
-    container: str = checked(ident)
-    objective_s: float = checked(POSITIVE)
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
-    revision: int = checked(integer(0))
-    set_at: float = checked(UNIX_S)
-    node: str | None = checked(optional(ident), default=None)
-    """The node hosting the container now (None: no live worker reports it)."""
-    running: bool = checked(boolean, default=False)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ContainerInfo(Checked):
-    """One container in the public view (`dqoes.cluster.containers`), as its worker last reported it.
-
-    Units: `*_s` seconds per batch, `*_cores` CPU cores, `*_at` unix seconds.
-    `met`: at or under (1 + alpha) x the objective (classes G and S);
-    `in_band`: within the band (class S, what the paper counts as satisfied).
-    Both are None for an unmanaged container or one with no batch yet.
-    """
-
-    NAME: ClassVar[str] = "container_info"
-
-    node: str = checked(ident)
-    container: str = checked(ident)
-    model: str | None = checked(optional(text), default=None)
-    managed: bool = checked(boolean, default=False)
-    objective_s: float | None = checked(optional(POSITIVE), default=None)
-    alpha: float | None = checked(optional(OPEN_FRACTION), default=None)
-    latency_s: float | None = checked(optional(POSITIVE), default=None)
-    met: bool | None = checked(optional(boolean), default=None)
-    in_band: bool | None = checked(optional(boolean), default=None)
-    cls: str | None = checked(optional(text), default=None)
-    """G (faster than the band), S (in it), B (slower), or None (pending or unmanaged)."""
-    cpu_limit_cores: float | None = checked(optional(POSITIVE), default=None)
-    """None: no limit."""
-    cpu_used_cores: float | None = checked(optional(NONNEG), default=None)
-    throttled_ratio: float | None = checked(optional(FRACTION), default=None)
-    """Share of CFS periods in which it was throttled since the previous round; None: not measured."""
-    last_batch_at: float | None = checked(optional(UNIX_S), default=None)
-    stale: bool = checked(boolean, default=False)
-    """It stopped publishing batches: its limit is kept and it is not counted as met."""
-    objective_source: str | None = checked(optional(one_of("target", "label")), default=None)
-    """Where the objective in force comes from: "target" (the store, set through dqoes.targets; it
-    wins over a label) or "label" (the container's dqoes.objective_s label); None: none, or unknown."""
-    seen_at: float = checked(UNIX_S)
-    """When its worker last reported it (the node state's time)."""
-
-
-def containers_reply(rows: list[ContainerInfo], at: float) -> bytes:
-    """`{"ok": true, "at": ..., "containers": [...]}` (sorted by node, then container)."""
-    body = sorted((to_wire(r) for r in rows), key=lambda r: (r["node"], r["container"]))
-    return orjson.dumps({"ok": True, "at": at, "containers": body})
-
-
-def parse_containers_reply(data: bytes) -> list[ContainerInfo]:
-    """A client's view of the containers reply; SchemaError if it is not one (or not ok)."""
-    obj = parse_target_reply(data)
-    if not obj["ok"]:
-        raise SchemaError(f"containers: {obj.get('error', 'refused')}")
-    rows = obj.get("containers")
-    if not isinstance(rows, list):
-        raise SchemaError('containers: reply has no "containers" list')
-    out = []
-    for i, row in enumerate(rows):
-        try:
-            out.append(build(ContainerInfo, row) if isinstance(row, dict) else nested(ContainerInfo)(row))
-        except Invalid as e:
-            raise schema_error("containers", f"[{i}]{e.sub}", e.problem) from None
-    return out
 # --- training jobs: `dqoes.submit` ------------------------------------------------------
 
 SUBMIT_FIELDS = ("model", "name", "epochs", "node", "image", "threads", "seed")
 MAX_EPOCHS = 100_000
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class SubmitRequest(Checked):
+class SubmitRequest(Checked, frozen=True, kw_only=True):
     """A training job asked for on `dqoes.submit`: which workload, optionally where and how long.
 
     `node` asks for a node (the manager checks it is there) instead of letting
@@ -475,17 +288,13 @@ class SubmitRequest(Checked):
 
     NAME: ClassVar[str] = "submit"
 
-    model: str = checked(text)
-    name: str | None = checked(optional(ident), default=None)
-    epochs: int | None = checked(optional(integer(1)), default=None)
-    node: str | None = checked(optional(ident), default=None)
-    image: str | None = checked(optional(text), default=None)
-    threads: int | None = checked(optional(integer(1)), default=None)
-    seed: int = checked(integer(0), default=0)
-
-    def _cross_check(self) -> None:
-        if self.epochs is not None and self.epochs > MAX_EPOCHS:
-            raise Invalid(f"must be at most {MAX_EPOCHS}, got {self.epochs}", ".epochs")
+    model: Text
+    name: Ident | None = None
+    epochs: Annotated[int, Meta(ge=1, le=MAX_EPOCHS)] | None = None
+    node: Ident | None = None
+    image: Text | None = None
+    threads: Count1 | None = None
+    seed: Count = 0
 
     def to_json(self) -> bytes:
         return orjson.dumps({k: getattr(self, k) for k in SUBMIT_FIELDS if getattr(self, k) is not None})
@@ -510,7 +319,7 @@ def parse_submit(payload: bytes | bytearray | memoryview) -> SubmitRequest:
         if "model" not in obj:
             raise SchemaError("missing field 'model' (vae, cnn, mlp, lstm, gru)")
         try:
-            return SubmitRequest(**obj)
+            return SubmitRequest.build(**obj)
         except SchemaError as e:
             name = e.where.removeprefix(".")
             raise SchemaError(f"{name}: {e.problem}", where=f".{name}", problem=e.problem) from None

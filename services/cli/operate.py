@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any
 
+import msgspec
 import orjson
 
 from services.cli.common import (
@@ -43,7 +44,6 @@ from shared.public import (
     parse_target_reply,
 )
 from shared.schema import ControlMsg, ControlReply, SchemaError, decode_as, encode
-from shared.validation import to_wire
 
 REQUEST_TIMEOUT_S = 3.0
 
@@ -140,7 +140,7 @@ def status_json(cs: ClusterState, rows: list[ContainerInfo], node: str | None) -
     out = orjson.loads(cs.to_json())
     if node is not None:
         out["nodes"] = {k: v for k, v in out["nodes"].items() if k == node}
-    out["containers"] = [to_wire(r) for r in rows]
+    out["containers"] = [msgspec.to_builtins(r) for r in rows]
     return out
 
 
@@ -214,7 +214,7 @@ def cmd_target_set(args: argparse.Namespace) -> int:
     if args.alpha is not None:
         body["alpha"] = args.alpha
     try:  # the same checks the manager makes, before anything is sent
-        TargetRequest(container=args.container, objective_s=args.seconds, alpha=args.alpha)
+        TargetRequest.build(container=args.container, objective_s=args.seconds, alpha=args.alpha)
     except SchemaError as e:
         raise CliError(str(e)) from None
     reply = asyncio.run(_public_request(args, subjects.TARGETS, orjson.dumps(body)))
@@ -373,7 +373,7 @@ def split_policy(items: list[str]) -> tuple[str | None, list[str]]:
 async def control_nodes(bus: Bus, nodes: list[str], asked: dict[str, float],
                         policy: str | None = None) -> list[ControlReply]:
     try:
-        msg = ControlMsg(params=asked, policy=policy)
+        msg = ControlMsg.build(params=asked, policy=policy)
     except SchemaError as e:  # a name no policy can have (the registry's check passes unknown policies)
         raise CliError(str(e)) from None
     replies = []

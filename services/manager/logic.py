@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
+import msgspec
 import orjson
 
 from shared import subjects
@@ -290,7 +291,7 @@ class Manager:
 
 
 def to_json_obj(row: StoredTarget | ContainerInfo) -> dict[str, object]:
-    return {f: getattr(row, f) for f in row.__dataclass_fields__}
+    return msgspec.structs.asdict(row)
 
 
 def container_rows(node_states: Iterable[NodeState]) -> list[ContainerInfo]:

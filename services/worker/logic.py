@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from services.worker.training import TrainingSide, is_training
 from shared import subjects
@@ -355,7 +355,7 @@ class Worker:
             self._set_objective(c.name, objective, alpha)
         log.info("container %s joined (objective %s)", c.name, "none" if objective is None else f"{objective:g} s")
 
-    def _objective_source(self, name: str) -> str:
+    def _objective_source(self, name: str) -> Literal["target", "label"]:
         """Where the objective in force comes from: "target" (the objective store, which wins) or
         "label" (the container's dqoes.objective_s label)."""
         a = self.assigned.get(name)

@@ -8,15 +8,13 @@ reporting side can never pick up DQoES's control behaviour by accident.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+import msgspec
 
 from shared.core.types import CLS_B, CLS_G, Cls, ContainerView, classify
-from shared.core.values import quick_init
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Classified:
+class Classified(msgspec.Struct, frozen=True):
     """One container after classification. `fresh`: a new batch arrived this round."""
 
     view: ContainerView
@@ -25,9 +23,7 @@ class Classified:
     fresh: bool
 
 
-@quick_init
-@dataclass(frozen=True, slots=True)
-class Classification:
+class Classification(msgspec.Struct, frozen=True):
     """Algorithm 1, lines 2-15: the partition and the per-class sums (Q in s, R in node fractions)."""
 
     items: tuple[Classified, ...]

@@ -21,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import msgspec
+
 from shared.core.types import ContainerDecision, Decision
 
 USE_MIN = 0.5
@@ -86,11 +88,11 @@ def cap_raises(decision: Decision, measured: Mapping[str, Measured], spare: floa
         if is_raise(c.old_limit, c.new_limit) and not may_raise(c.old_limit, measured.get(c.name), spare):
             m = measured[c.name]
             used = m.cpu_share or 0.0
-            held[i] = dataclasses.replace(
+            held[i] = msgspec.structs.replace(
                 c, new_limit=c.old_limit, planned_limit=None,
                 reason=f"raise held: used {used:.3f} of its {c.old_limit or 0.0:.3f} limit, not throttled, "
                        f"with {spare or 0.0:.3f} of the node spare ({c.reason})")
     if not held:
         return decision
     containers = tuple(held.get(i, c) for i, c in enumerate(decision.containers))
-    return dataclasses.replace(decision, containers=containers)
+    return msgspec.structs.replace(decision, containers=containers)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
+import msgspec
 import pytest
 from dash_helpers import wait_until
 
@@ -46,7 +46,7 @@ def test_a_state_is_labelled_with_its_own_rounds_decision():
     pairs = list(node_states(1, 2, 3, seed=1))
     h = History("x")
     for _, d in pairs:
-        h.add_decision(dataclasses.replace(d, listener=f"round {d.round}"))
+        h.add_decision(msgspec.structs.replace(d, listener=f"round {d.round}"))
     for ns, _ in pairs:  # states arrive after all three decisions
         h.add_state(ns)
     assert list(h.run().rounds["listener"]) == ["round 1", "round 2", "round 3"]

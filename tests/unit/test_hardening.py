@@ -7,6 +7,7 @@ import logging
 import pytest
 
 from bench.fuzz_inputs import Harness
+from shared import schema
 from shared.core.bounds import MAX_INTERVAL_S, MIN_INTERVAL_S, objective_problem
 from shared.core.dqoes import DQoESParams
 from shared.public import parse_target_reply
@@ -51,8 +52,10 @@ def test_a_forged_revision_cannot_freeze_an_objective(h):
 
 @pytest.mark.parametrize("interval", [5e-324, 0.0, MIN_INTERVAL_S / 2, MAX_INTERVAL_S * 2, float("nan")])
 def test_intervals_outside_the_bounds_are_refused_everywhere(h, interval):
-    with pytest.raises((SchemaError, ValueError)):
-        ControlMsg(initial_interval_s=interval)
+    with pytest.raises(SchemaError):
+        ControlMsg.build(initial_interval_s=interval)
+    with pytest.raises(SchemaError):
+        schema.encode(ControlMsg(initial_interval_s=interval), "op")
     with pytest.raises(ValueError):
         DQoESParams(initial_interval_s=interval)
     before = h.worker.ctrl.policy.params
@@ -75,4 +78,6 @@ def test_objective_bounds(value, ok):
 
 def test_latency_events_beyond_a_week_are_refused():
     with pytest.raises(SchemaError, match="latency_s"):
-        LatencyEvent(container="c1", node="n1", latency_s=8 * 86400.0, images=1, batch=0)
+        LatencyEvent.build(container="c1", node="n1", latency_s=8 * 86400.0, images=1, batch=0)
+    with pytest.raises(SchemaError, match="latency_s"):
+        schema.encode(LatencyEvent(container="c1", node="n1", latency_s=8 * 86400.0, images=1, batch=0), "c")

@@ -8,12 +8,12 @@ these bytes.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from pathlib import Path
 
 import msgpack
+import msgspec
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -181,15 +181,15 @@ OLD_KINDS = sorted(set(SAMPLES) - V3_ONLY)
 def as_before_v3(msg):
     """The sample as a v1/v2 sender wrote it: the fields version 3 added at their defaults."""
     if isinstance(msg, NodeState):
-        return dataclasses.replace(
+        return msgspec.structs.replace(
             msg, met=None, cpu_cores_used=None, cpu_cores_idle=None,
-            containers=tuple(dataclasses.replace(c, met=None, cpu_cores_used=None, throttled_ratio=None,
+            containers=tuple(msgspec.structs.replace(c, met=None, cpu_cores_used=None, throttled_ratio=None,
                                                  last_batch_at=None, objective_source=None)
                              for c in msg.containers))
     if isinstance(msg, ControlMsg):
-        return dataclasses.replace(msg, params={}, policy=None)
+        return msgspec.structs.replace(msg, params={}, policy=None)
     if isinstance(msg, LatencyEvent):  # added later within v3, optional like the others
-        return dataclasses.replace(msg, follows_limit=False)
+        return msgspec.structs.replace(msg, follows_limit=False)
     return msg
 
 MESSAGE_CLASSES = {
@@ -260,8 +260,8 @@ def test_a_latency_event_without_follows_limit_reads_as_a_fixed_thread_count():
     """`follows_limit` came within v3 (optional): events from senders before it decode, fixed threads."""
     m = golden_map("latency")
     del m["follows_limit"]
-    assert schema.decode(pack(m)) == dataclasses.replace(SAMPLES["latency"], follows_limit=False)
-    assert schema.decode_latency(pack(m)) == dataclasses.replace(SAMPLES["latency"], follows_limit=False)
+    assert schema.decode(pack(m)) == msgspec.structs.replace(SAMPLES["latency"], follows_limit=False)
+    assert schema.decode_latency(pack(m)) == msgspec.structs.replace(SAMPLES["latency"], follows_limit=False)
     m["follows_limit"] = 1
     with pytest.raises(schema.SchemaError, match="follows_limit"):
         schema.decode(pack(m))
@@ -296,8 +296,8 @@ def test_older_cluster_state_json_still_parses(version):
     # Before the three numbers (met, CPU used and idle) the summary did not carry them.
     now = aggregate([SAMPLES["node_state"]], at=GOLDEN_TS)
     blank = {"met": None, "cpu_cores_used": None, "cpu_cores_idle": None}
-    now = dataclasses.replace(now, met_total=None, cpu_cores_used_total=None, cpu_cores_idle_total=None,
-                              nodes={k: dataclasses.replace(v, **blank) for k, v in now.nodes.items()})
+    now = msgspec.structs.replace(now, met_total=None, cpu_cores_used_total=None, cpu_cores_idle_total=None,
+                              nodes={k: msgspec.structs.replace(v, **blank) for k, v in now.nodes.items()})
     assert old == now
 
 
@@ -331,6 +331,25 @@ def test_the_envelope_comes_first_and_is_flat():
     assert list(m)[:4] == ["type", "v", "ts", "sender"]
     assert m["type"] == "latency" and m["v"] == 3 and m["ts"] == GOLDEN_TS
     assert m["latency_s"] == 12.5 and m["container"] == "resnet.1"
+
+
+wire_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=300)
+    | st.binary(max_size=300),
+    lambda inner: st.lists(inner, max_size=20) | st.dictionaries(st.text(max_size=40), inner, max_size=20),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(wire_values)
+def test_the_encoder_writes_the_bytes_msgpack_python_writes(value):
+    """The codec encodes with msgspec; peers and the golden files were written by msgpack-python."""
+    assert msgspec.msgpack.encode(value) == pack(value)
 
 
 # --- round trips ----------------------------------------------------------------------
@@ -385,12 +404,13 @@ def test_built_without_finished_at_the_wire_carries_the_ts():
 
 
 def test_lists_are_stored_as_tuples_and_class_strings_as_cls():
-    ns = dataclasses.replace(
-        SAMPLES["node_state"],
+    """`build` (values a person or a decoder gave) makes lists tuples and class strings Cls."""
+    ns = NodeState.build(
+        **msgspec.structs.asdict(SAMPLES["node_state"]) | dict(
         members={"G": ["a"], "S": [], "B": []},
         containers=[{"container": "a", "cls": "G"}],
         expected=["x"],
-    )
+    ))
     assert ns.members == {"G": ("a",), "S": (), "B": (), "pending": ()}
     assert ns.containers == (ContainerState(container="a", cls=Cls.G),)
     assert ns.expected == ("x",)
@@ -444,11 +464,7 @@ def test_from_decision_converts_the_core_decision():
 
 
 def required_fields(cls) -> list[str]:
-    return [
-        f.name
-        for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-    ]
+    return [f.name for f in msgspec.structs.fields(cls) if f.required]
 
 
 @pytest.mark.parametrize(
@@ -586,15 +602,23 @@ def test_a_wrong_value_is_named_with_the_problem(kind, name, value, message):
     assert str(info.value).startswith(message)
 
 
-def test_building_an_invalid_message_fails_the_same_way():
+def test_building_or_sending_an_invalid_message_fails_the_same_way():
+    """`build` checks every rule; `encode` refuses what a peer would; plain construction checks ids and the
+    cross-field rules."""
     with pytest.raises(
         SchemaError, match=r"^latency\.latency_s: must be a finite number > 0, got -3$"
     ):
-        LatencyEvent(container="c1", node="n1", latency_s=-3, images=1, batch=0)
+        LatencyEvent.build(container="c1", node="n1", latency_s=-3, images=1, batch=0)
+    with pytest.raises(
+        SchemaError, match=r"^latency\.latency_s: must be a finite number > 0, got -3$"
+    ):
+        schema.encode(LatencyEvent(container="c1", node="n1", latency_s=-3, images=1, batch=0), "c")
+    with pytest.raises(SchemaError, match=r"^latency\.node: 'a b' contains whitespace"):
+        LatencyEvent(container="c1", node="a b", latency_s=1.0, images=1, batch=0)
     with pytest.raises(SchemaError, match=r"^control\.max_interval_s"):
         ControlMsg(initial_interval_s=10, max_interval_s=5)
     with pytest.raises(SchemaError, match=r"^node_state\.members: unknown key 'g'"):
-        dataclasses.replace(SAMPLES["node_state"], members={"g": ()})
+        msgspec.structs.replace(SAMPLES["node_state"], members={"g": ()})
 
 
 @pytest.mark.parametrize(
@@ -861,7 +885,7 @@ def test_target_replies_are_json_with_ok():
 
 
 def node_state(node: str, at: float, **changes) -> NodeState:
-    return dataclasses.replace(SAMPLES["node_state"], node=node, at=at, **changes)
+    return msgspec.structs.replace(SAMPLES["node_state"], node=node, at=at, **changes)
 
 
 def test_aggregate_adds_up_the_nodes():
@@ -925,10 +949,22 @@ def test_cluster_state_from_json_rejects_with_the_field(data, message):
         ClusterState.from_json(data)
 
 
-def test_numbers_are_floats_after_construction():
-    ns = dataclasses.replace(SAMPLES["node_state"], cores=2, slack_sum_g_s=1)
+def test_numbers_are_floats_once_built_or_decoded():
+    ns = NodeState.build(**msgspec.structs.asdict(SAMPLES["node_state"]) | dict(cores=2, slack_sum_g_s=1))
     assert isinstance(ns.cores, float) and isinstance(ns.slack_sum_g_s, float)
+    sent = schema.decode(schema.encode(msgspec.structs.replace(SAMPLES["node_state"], cores=2), "w"))
+    assert isinstance(sent.cores, float)
     assert math.isclose(ns.cores, 2.0)
+
+
+def test_the_bytes_are_the_same_however_the_numbers_were_built():
+    """An int where a float belongs is sent as the float a peer reads (the golden bytes hold floats)."""
+    ints = msgspec.structs.replace(SAMPLES["node_state"], cores=2, round=42, containers=(
+        ContainerState(container="fresh", objective_s=5),))
+    floats = msgspec.structs.replace(SAMPLES["node_state"], cores=2.0, containers=(
+        ContainerState(container="fresh", objective_s=5.0),))
+    assert schema.encode(ints, "w", GOLDEN_TS) == schema.encode(floats, "w", GOLDEN_TS)
+    assert msgpack.unpackb(schema.encode(ints, "w", GOLDEN_TS))["cores"] == 2.0
 
 
 def test_aggregate_adds_up_the_three_numbers_and_says_when_no_node_reports_them():
@@ -944,8 +980,8 @@ def test_aggregate_adds_up_the_three_numbers_and_says_when_no_node_reports_them(
 
 
 def test_an_objective_source_is_target_or_label():
-    ns = dataclasses.replace(SAMPLES["node_state"], containers=(
+    ns = msgspec.structs.replace(SAMPLES["node_state"], containers=(
         ContainerState(container="c1", objective_s=5.0, objective_source="target"),))
     assert schema.decode_envelope(schema.encode(ns, "t")).msg == ns
     with pytest.raises(SchemaError, match="objective_source"):
-        ContainerState(container="c1", objective_s=5.0, objective_source="somewhere")
+        ContainerState.build(container="c1", objective_s=5.0, objective_source="somewhere")

@@ -36,9 +36,11 @@ def test_progress_with_a_bad_value_does_not_decode(value):
         schema.decode(msgpack.packb(good, use_bin_type=True))
 
 
-def test_a_job_cannot_build_a_bad_progress():
+def test_a_job_cannot_build_or_send_a_bad_progress():
     with pytest.raises(SchemaError):
-        Progress(job="j", node="n", value=math.nan, epoch=0)
+        Progress.build(job="j", node="n", value=math.nan, epoch=0)
+    with pytest.raises(SchemaError, match="value"):
+        schema.encode(Progress(job="j", node="n", value=math.nan, epoch=0), "j")
 
 
 def test_submit_request():
