@@ -76,6 +76,10 @@ ObjectiveS = Annotated[float, Meta(ge=bounds.MIN_OBJECTIVE_S, le=bounds.MAX_OBJE
                                    extra={"seconds": " per batch"})]
 LatencyS = Annotated[float, Meta(gt=0, le=bounds.MAX_LATENCY_S, extra={"seconds": " (a week)"})]
 IntervalS = Annotated[float, Meta(ge=bounds.MIN_INTERVAL_S, le=bounds.MAX_INTERVAL_S, extra={"seconds": ""})]
+Percentile = Annotated[float, Meta(gt=0, lt=100, description="a percentile in (0, 100)")]
+"""A percentile objective's percentile (95: p95)."""
+WindowS = Annotated[float, Meta(gt=0, le=bounds.MAX_WINDOW_S, extra={"seconds": " (an hour)"})]
+"""The window a percentile is taken over, in seconds (> 0)."""
 Count = Annotated[int, Meta(ge=0)]
 """An integer >= 0."""
 Count1 = Annotated[int, Meta(ge=1)]

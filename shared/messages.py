@@ -33,9 +33,11 @@ from shared.fields import (
     ObjectiveS,
     OpenFraction,
     ParamMap,
+    Percentile,
     Positive,
     Text,
     UnixS,
+    WindowS,
     check_ids,
     show,
 )
@@ -202,6 +204,15 @@ class ContainerState(ContainerFields, frozen=True, kw_only=True):
     """See `Stale`."""
     objective_source: ObjectiveSource = None
     """Added within v3 (see `ObjectiveSource`)."""
+    objective_selector: Text | None = None
+    """Added within v3: the service (or label selector) whose stored objective is in force;
+    None: the container's own (or its label)."""
+    percentile: Percentile | None = None
+    """Added within v3: the objective's percentile (None: every batch's latency)."""
+    window_s: WindowS | None = None
+    """Added within v3: the percentile's window, in seconds."""
+    request_rate_per_s: NonNeg | None = None
+    """Added within v3: requests per second over the last window (polled sources); None: not known."""
 
 
 class NodeState(Message, frozen=True, kw_only=True):
@@ -239,6 +250,9 @@ class NodeState(Message, frozen=True, kw_only=True):
     """v3: CPU the containers used over the last round, in cores."""
     cpu_cores_idle: NonNeg | None = None
     """v3: the node's cores its containers left unused over the last round."""
+    service_objectives: dict[Text, Count] = msgspec.field(default_factory=dict)
+    """Added within v3: the service objectives the worker holds (selector -> revision), so the
+    manager hands over what it lacks and takes back what was cleared."""
 
     def _cross_check(self) -> None:
         try:
@@ -293,6 +307,30 @@ class ObjectiveAssign(Message, frozen=True, kw_only=True):
     objective_s: ObjectiveS | None
     alpha: OpenFraction | None = None
     revision: Count
+    percentile: Percentile | None = None
+    """Added within v3: govern this percentile of the batch latencies (None: every batch)."""
+    window_s: WindowS | None = None
+    """Added within v3: over this window, in seconds (None: the latency source's or the default)."""
+
+
+class ServiceObjective(Message, frozen=True, kw_only=True):
+    """Manager -> every worker (added within v3): the objective for every container of a service.
+
+    `selector` names the service: `api` (the Swarm or compose service) or a label selector
+    `app=api`; it governs present and future replicas, and a container's own objective
+    (`ObjectiveAssign`) wins over it. `objective_s` None takes it back. `revision` as in
+    `ObjectiveAssign`.
+    """
+
+    TYPE: ClassVar[str] = "service_objective"
+    NAME: ClassVar[str] = "service_objective"
+
+    selector: Text
+    objective_s: ObjectiveS | None
+    alpha: OpenFraction | None = None
+    revision: Count
+    percentile: Percentile | None = None
+    window_s: WindowS | None = None
 
 
 class ControlMsg(Message, frozen=True, kw_only=True):

@@ -29,14 +29,17 @@ from msgspec import Meta
 
 from shared.checked import EXPLAIN, Checked
 from shared.core import bounds
+from shared.core.objectives import parse_selector
 from shared.fields import (
     Count,
     Count1,
     Ident,
     Invalid,
     OpenFraction,
+    Percentile,
     SchemaError,
     Text,
+    WindowS,
     check_id,
     show,
 )
@@ -67,7 +70,7 @@ MIN_OBJECTIVE_S = bounds.MIN_OBJECTIVE_S
 
 # --- public target requests (dqoes.targets) ---------------------------------------------
 
-TARGET_FIELDS = ("container", "objective", "objective_s", "alpha")
+TARGET_FIELDS = ("container", "service", "objective", "objective_s", "alpha", "percentile", "window_s")
 
 
 def _objective(value: Any) -> None:
@@ -95,20 +98,57 @@ def _objective(value: Any) -> None:
 EXPLAIN["objective"] = _objective
 
 
+def _service(value: Any) -> None:
+    """A service name or a label selector `key=value` (`shared.core.objectives.parse_selector`)."""
+    try:
+        parse_selector(value)
+    except ValueError as e:
+        raise Invalid(str(e)) from None
+
+
+EXPLAIN["service"] = _service
+Service = Annotated[str, Meta(max_length=256, extra={"explain": "service"})]
+
+
 class TargetRequest(Checked, frozen=True, kw_only=True):
-    """One objective asked for on the public subject: seconds per batch for a container."""
+    """One objective asked for on the public subject, for a container or for a service.
+
+    Seconds per batch by default; with `percentile` (and `window_s`), the objective is that
+    percentile of the latencies over the window. A service objective (`service`: a Swarm or compose
+    service name, or a label selector `app=api`) governs every matching container, present and
+    future; a container's own objective wins over it.
+    """
 
     NAME: ClassVar[str] = "target"
 
-    container: Ident
+    container: Ident | None = None
+    service: Service | None = None
     objective_s: Annotated[float, Meta(ge=MIN_OBJECTIVE_S, le=MAX_OBJECTIVE_S, extra={"explain": "objective"})]
     alpha: OpenFraction | None = None
+    percentile: Percentile | None = None
+    window_s: WindowS | None = None
+
+    def _cross_check(self) -> None:
+        if (self.container is None) == (self.service is None):
+            raise Invalid("give 'container' or 'service', one of them", ".container")
+        if self.service is not None:
+            _service(self.service)
+        if self.window_s is not None and self.percentile is None:
+            raise Invalid("a window needs a percentile (per-batch objectives have none)", ".window_s")
+
+    @property
+    def subject(self) -> str:
+        """What it is set for, as a person reads it: `api` (container) or `service api`."""
+        return f"service {self.service}" if self.service is not None else str(self.container)
 
     def to_json(self) -> bytes:
-        """The request as a client sends it: {"container": ..., "objective": ..., ["alpha": ...]}."""
-        body: dict[str, Any] = {"container": self.container, "objective": self.objective_s}
-        if self.alpha is not None:
-            body["alpha"] = self.alpha
+        """The request as a client sends it: {"container"|"service": ..., "objective": ..., [...]}."""
+        body: dict[str, Any] = ({"service": self.service} if self.service is not None
+                                else {"container": self.container})
+        body["objective"] = self.objective_s
+        for key in ("alpha", "percentile", "window_s"):
+            if getattr(self, key) is not None:
+                body[key] = getattr(self, key)
         return orjson.dumps(body)
 
 
@@ -185,18 +225,20 @@ def _parse_target(payload: Any) -> TargetRequest:
         raise SchemaError(f"payload must be a JSON object or msgpack map, got {type(obj).__name__}")
     unknown = [k for k in obj if k not in TARGET_FIELDS]
     if unknown:
-        raise SchemaError(
-            f"unknown field {show(unknown[0])} (allowed: container, objective, objective_s, alpha)"
-        )
-    if "container" not in obj:
-        raise SchemaError("missing field 'container'")
+        raise SchemaError(f"unknown field {show(unknown[0])} (allowed: {', '.join(TARGET_FIELDS)})")
+    if "container" in obj and "service" in obj:
+        raise SchemaError("give 'container' or 'service', not both")
+    if "container" not in obj and "service" not in obj:
+        raise SchemaError("missing field 'container' (or 'service')")
     if "objective" in obj and "objective_s" in obj:
         raise SchemaError("give 'objective' or 'objective_s', not both")
     key = "objective" if "objective" in obj else "objective_s"
     if key not in obj:
         raise SchemaError("missing field 'objective' (seconds per batch)")
     try:
-        return TargetRequest.build(container=obj["container"], objective_s=obj[key], alpha=obj.get("alpha"))
+        return TargetRequest.build(container=obj.get("container"), service=obj.get("service"),
+                                   objective_s=obj[key], alpha=obj.get("alpha"),
+                                   percentile=obj.get("percentile"), window_s=obj.get("window_s"))
     except SchemaError as e:
         # Name the field as the client spelled it: "objective: must be ...".
         name = e.where.removeprefix(".")
@@ -228,12 +270,30 @@ def _parse_object(payload: Any, allowed: tuple[str, ...], what: str) -> dict[str
 
 def parse_container_request(payload: bytes | bytearray | memoryview, what: str = "request") -> str:
     """`{"container": "<name>"}` (get and clear): the container name; SchemaError if bad."""
+    _, name = parse_subject_request(payload, what, services=False)
+    return name
+
+
+def parse_subject_request(payload: bytes | bytearray | memoryview, what: str = "request",
+                          services: bool = True) -> tuple[str, str]:
+    """`{"container": "<name>"}` or `{"service": "<selector>"}` (get and clear): ("container" or
+    "service", the name); SchemaError if bad."""
+    allowed = ("container", "service") if services else ("container",)
     try:
-        obj = _parse_object(payload, ("container",), what)
+        obj = _parse_object(payload, allowed, what)
+        if services and "container" in obj and "service" in obj:
+            raise SchemaError(f"{what}: give 'container' or 'service', not both")
+        if services and "service" in obj:
+            try:
+                _service(obj["service"])
+            except Invalid as e:
+                raise SchemaError(f"service: {e.problem}") from None
+            return "service", obj["service"]
         if "container" not in obj:
-            raise SchemaError(f'{what}: missing field \'container\'; expected {{"container": "<name>"}}')
+            raise SchemaError(f'{what}: missing field \'container\'; expected {{"container": "<name>"}}'
+                              + (' or {"service": "<name or key=value>"}' if services else ""))
         try:
-            return check_id(obj["container"])
+            return "container", check_id(obj["container"])
         except Invalid as e:
             raise SchemaError(f"container: {e.problem}") from None
     except SchemaError:

@@ -23,10 +23,12 @@ from shared.fields import (
     Invalid,
     NonNeg,
     OpenFraction,
+    Percentile,
     Positive,
     SchemaError,
     Text,
     UnixS,
+    WindowS,
     check_id,
     schema_error,
     show,
@@ -166,18 +168,26 @@ def parse_target_reply(data: bytes) -> dict[str, Any]:
 
 
 class StoredTarget(Checked, frozen=True, kw_only=True):
-    """One stored objective as `dqoes.targets.get` and `.list` return it."""
+    """One stored objective as `dqoes.targets.get` and `.list` return it: for a container or a service."""
 
     NAME: ClassVar[str] = "stored_target"
 
-    container: Ident
+    container: Ident | None = None
+    """The container it is set for (None: a service objective)."""
     objective_s: Positive
     alpha: OpenFraction | None = None
     revision: Count
     set_at: UnixS
     node: Ident | None = None
-    """The node hosting the container now (None: no live worker reports it)."""
+    """The node hosting the container now (None: no live worker reports it, or a service objective)."""
     running: bool = False
+    service: Text | None = None
+    """The service (a Swarm or compose service name, or a label selector key=value) it is set for."""
+    percentile: Percentile | None = None
+    """None: seconds per batch; else this percentile of the latencies over `window_s`."""
+    window_s: WindowS | None = None
+    containers: tuple[Ident, ...] = ()
+    """A service objective: the containers it governs now (as their workers last reported)."""
 
 
 class ContainerInfo(ContainerFields, frozen=True, kw_only=True):
@@ -210,6 +220,13 @@ class ContainerInfo(ContainerFields, frozen=True, kw_only=True):
     objective_source: ObjectiveSource = None
     seen_at: UnixS
     """When its worker last reported it (the node state's time)."""
+    objective_selector: Text | None = None
+    """The service whose objective governs it (None: its own objective, or its label)."""
+    percentile: Percentile | None = None
+    """The objective's percentile (None: every batch's latency)."""
+    window_s: WindowS | None = None
+    request_rate_per_s: NonNeg | None = None
+    """Requests per second over the last window (polled latency sources); None: not known."""
 
 
 def containers_reply(rows: list[ContainerInfo], at: float) -> bytes:

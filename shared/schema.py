@@ -33,7 +33,9 @@ the node state; 3 adds what an operator reads (a container's `met`,
 `control.params`, and the worker's `control_reply` (all new fields optional,
 so v2 bytes decode unchanged), and the training-job types `progress`,
 `job_done`, `training_state`, `launch`, `launch_reply` (FlowCon); later
-within v3, optional: a batch's `follows_limit` and `control.policy`. Golden-bytes fixtures in tests/fixtures/golden/
+within v3, optional: a batch's `follows_limit` and `control.policy`; then service and percentile
+objectives: the type `service_objective`, an objective's `percentile`/`window_s`, a container's
+`objective_selector`, `percentile`, `window_s`, `request_rate_per_s`, a node's `service_objectives`. Golden-bytes fixtures in tests/fixtures/golden/
 pin the wire format (v1 and v2 fixtures are kept and must still decode).
 
 The public JSON a client speaks (target requests, the cluster summary) is in
@@ -62,6 +64,7 @@ from shared.messages import (
     Message,
     NodeState,
     ObjectiveAssign,
+    ServiceObjective,
 )
 from shared.training_messages import (
     JobDone,
@@ -75,7 +78,7 @@ from shared.training_messages import (
 __all__ = [
     "MAX_TEXT_CHARS", "MEMBER_KEYS", "ContainerDecisionMsg", "ContainerFields", "ContainerState", "ControlMsg",
     "ControlReply", "DecisionMsg", "JobDone", "LatencyEvent", "Launch", "LaunchReply", "Message", "NodeState",
-    "ObjectiveAssign", "Progress", "SchemaError", "TrainingJobState", "TrainingState",
+    "ObjectiveAssign", "Progress", "SchemaError", "ServiceObjective", "TrainingJobState", "TrainingState",
 ]
 
 SCHEMA_VERSION = 3
@@ -87,7 +90,7 @@ ENVELOPE_KEYS = ("type", "v", "ts", "sender")
 
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls for cls in (LatencyEvent, DecisionMsg, NodeState, ObjectiveAssign, ControlMsg, ControlReply,
-                              Progress, JobDone, TrainingState, Launch, LaunchReply)
+                              ServiceObjective, Progress, JobDone, TrainingState, Launch, LaunchReply)
 }
 M = TypeVar("M")
 

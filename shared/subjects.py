@@ -213,6 +213,11 @@ def parse(subject: str) -> tuple[str, tuple[str, ...]]:
     return kind, tuple(untoken(t) for t in rest)
 
 
+def is_kv_key(key: str) -> bool:
+    """Whether a string can be a key-value key as it is."""
+    return isinstance(key, str) and bool(_KV_KEY_RE.match(key))
+
+
 def kv_key(container: str) -> str:
     """The key-value key for a container's objective.
 

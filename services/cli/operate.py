@@ -120,11 +120,29 @@ CONTAINER_HEADER = ("NODE", "CONTAINER", "MODEL", "OBJECTIVE", "FROM", "ALPHA", 
                     "CLASS", "LIMIT", "CPU USED", "THROTTLED", "LAST BATCH")
 
 
+def objective_text(objective_s: float | None, percentile: float | None, window_s: float | None) -> str:
+    """`0.2 s` (per batch) or `p95 0.2 s/30s` (a percentile over a window)."""
+    if objective_s is None:
+        return "-"
+    if percentile is None:
+        return f"{objective_s:g} s"
+    return f"p{percentile:g} {objective_s:g} s/" + ("source" if window_s is None else f"{window_s:g}s")
+
+
+def objective_from(r: ContainerInfo) -> str:
+    """Where a container's objective comes from: `container` (its own, stored), `service api`, `label`."""
+    if r.objective_source is None:
+        return "-"
+    if r.objective_source == "label":
+        return "label"
+    return f"service {r.objective_selector}" if r.objective_selector else "container"
+
+
 def container_table(rows: list[ContainerInfo], now: float) -> list[str]:
     """Like `docker ps`: one line per container, columns sized to their contents."""
     body = [
-        (r.node, r.container, r.model or "-", _num(r.objective_s, "g") + (" s" if r.objective_s else ""),
-         r.objective_source or "-",
+        (r.node, r.container, r.model or "-", objective_text(r.objective_s, r.percentile, r.window_s),
+         objective_from(r),
          _num(r.alpha, ".2f"), _num(r.latency_s, ".2f") + ("s" if r.latency_s else ""), _yes(r.met),
          _yes(r.in_band), r.cls or ("pending" if r.managed else "unmanaged"),
          _num(r.cpu_limit_cores, ".2f", "none"), _num(r.cpu_used_cores, ".2f"),
@@ -209,12 +227,21 @@ def _refused(reply: dict[str, Any], as_json: bool) -> int:
     return 1
 
 
+def _subject(args: argparse.Namespace) -> dict[str, str]:
+    """{"container": ...} or {"service": ...}, from CONTAINER or --service (one of them)."""
+    if (args.container is None) == (args.service is None):
+        raise CliError("give a CONTAINER or --service NAME (a Swarm or compose service, or key=value), one of them")
+    return {"service": args.service} if args.service is not None else {"container": args.container}
+
+
 def cmd_target_set(args: argparse.Namespace) -> int:
-    body: dict[str, Any] = {"container": args.container, "objective": args.seconds}
-    if args.alpha is not None:
-        body["alpha"] = args.alpha
+    body: dict[str, Any] = {**_subject(args), "objective": args.seconds}
+    for key in ("alpha", "percentile", "window_s"):
+        if getattr(args, key) is not None:
+            body[key] = getattr(args, key)
     try:  # the same checks the manager makes, before anything is sent
-        TargetRequest.build(container=args.container, objective_s=args.seconds, alpha=args.alpha)
+        TargetRequest.build(container=body.get("container"), service=body.get("service"), objective_s=args.seconds,
+                            alpha=args.alpha, percentile=args.percentile, window_s=args.window_s)
     except SchemaError as e:
         raise CliError(str(e)) from None
     reply = asyncio.run(_public_request(args, subjects.TARGETS, orjson.dumps(body)))
@@ -222,6 +249,12 @@ def cmd_target_set(args: argparse.Namespace) -> int:
         return _refused(reply, args.json)
     if args.json:
         emit_json(reply)
+    elif reply.get("service") is not None:
+        governed = reply.get("containers") or []
+        print(f"objective for service {reply['service']}: "
+              f"{objective_text(reply['objective_s'], reply.get('percentile'), reply.get('window_s'))} "
+              f"(governs {len(governed)} container(s) now and every replica that joins, "
+              f"revision {reply.get('revision')})")
     else:
         where = reply.get("node") or "no node yet"
         state = "running" if reply.get("running") else "expected"
@@ -267,12 +300,31 @@ def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
-def _target_line(t: dict[str, Any]) -> str:
-    alpha = "node default" if t.get("alpha") is None else f"{t['alpha']:g}"
+TARGET_HEADER = ("FOR", "OBJECTIVE", "ALPHA", "FROM", "WHERE", "REVISION")
+
+
+def _target_row(t: dict[str, Any]) -> tuple[str, ...]:
+    alpha = "default" if t.get("alpha") is None else f"{t['alpha']:g}"
+    objective = objective_text(t["objective_s"], t.get("percentile"), t.get("window_s"))
+    if t.get("service") is not None:
+        governed = t.get("containers") or []
+        return (t["service"], objective, alpha, "service", f"{len(governed)} container(s)"
+                + (f": {', '.join(governed)}" if governed else ""), str(t["revision"]))
     where = t.get("node") or "no node yet"
     state = "running" if t.get("running") else "not running"
-    return (f"{t['container']:<20} {t['objective_s']:>9g} s  alpha {alpha:<12} {state} on {where}"
-            f"  (revision {t['revision']})")
+    return (t["container"], objective, alpha, "container", f"{state} on {where}", str(t["revision"]))
+
+
+def target_table(targets: list[dict[str, Any]]) -> list[str]:
+    """Stored objectives, for services and for containers: FROM says which kind each is."""
+    body = [_target_row(t) for t in targets]
+    widths = [max(len(h), *(len(b[i]) for b in body)) if body else len(h) for i, h in enumerate(TARGET_HEADER)]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return [fmt.format(*TARGET_HEADER).rstrip()] + [fmt.format(*b).rstrip() for b in body]
+
+
+def _target_line(t: dict[str, Any]) -> str:
+    return "  ".join(_target_row(t)[:5]) + f"  (revision {t['revision']})"
 
 
 def in_force(row: ContainerInfo | None) -> dict[str, Any] | None:
@@ -323,18 +375,20 @@ def cmd_target_list(args: argparse.Namespace) -> int:
     elif not reply["targets"]:
         print("no objectives stored")
     else:
-        for t in reply["targets"]:
-            print(_target_line(t))
+        for line in target_table(reply["targets"]):
+            print(line)
     return 0
 
 
 def cmd_target_clear(args: argparse.Namespace) -> int:
-    reply = asyncio.run(_public_request(args, subjects.TARGETS_CLEAR,
-                                        orjson.dumps({"container": args.container})))
+    reply = asyncio.run(_public_request(args, subjects.TARGETS_CLEAR, orjson.dumps(_subject(args))))
     if not reply["ok"]:
         return _refused(reply, args.json)
     if args.json:
         emit_json(reply)
+    elif reply.get("service") is not None:
+        print(f"objective for service {reply['service']} cleared (was {reply['previous_objective_s']:g} s): "
+              "its containers fall back to their own objectives or labels, or become unmanaged")
     else:
         print(f"objective for {reply['container']} cleared (was {reply['previous_objective_s']:g} s): "
               "unmanaged now, its CPU limit released (unless it carries its own dqoes.objective_s label)")
@@ -512,10 +566,16 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
                        description="The objective lifecycle over the public subjects dqoes.targets and "
                        "dqoes.targets.get|list|clear (docs/reference/api.md).").add_subparsers(
         dest="action", required=True, metavar="ACTION")
-    p = t.add_parser("set", help="set CONTAINER's objective to SECONDS per batch",
-                     description="Send {container, objective[, alpha]} to dqoes.targets and print the reply.")
-    p.add_argument("container")
+    p = t.add_parser("set", help="set CONTAINER's (or --service NAME's) objective to SECONDS",
+                     description="Send {container|service, objective[, alpha, percentile, window_s]} to "
+                     "dqoes.targets and print the reply. SECONDS per batch by default; with --percentile, "
+                     "that percentile of the latencies over --window-s. A service objective governs every "
+                     "container of the service, present and future replicas; a container's own wins over it.")
+    p.add_argument("container", nargs="?", help="the container (or give --service)")
     p.add_argument("seconds", type=float)
+    p.add_argument("--service", help="a Swarm or compose service name (api), or a label selector (app=api)")
+    p.add_argument("--percentile", type=float, help="govern this percentile of the latencies (0 < P < 100)")
+    p.add_argument("--window-s", type=float, help="over this window in seconds (> 0; needs --percentile)")
     p.add_argument("--alpha", type=float, help="this container's tolerance band (0 < alpha < 1)")
     p.add_argument("--nats", help=nats_help)
     add_deployment_flag(p)
@@ -542,11 +602,12 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply")
     p.set_defaults(func=cmd_target_list)
 
-    p = t.add_parser("clear", help="remove CONTAINER's objective (it becomes unmanaged, its limit released)",
-                     description="Request {container} on dqoes.targets.clear: the objective is deleted from "
-                     "the store, the worker stops controlling the container (or falls back to its "
-                     "dqoes.objective_s label) and lifts its CPU limit.")
-    p.add_argument("container")
+    p = t.add_parser("clear", help="remove CONTAINER's (or --service NAME's) objective",
+                     description="Request {container} (or {service}) on dqoes.targets.clear: the objective is "
+                     "deleted from the store, the worker stops controlling the container (or falls back to its "
+                     "service's objective or its dqoes.objective_s label) and lifts its CPU limit.")
+    p.add_argument("container", nargs="?", help="the container (or give --service)")
+    p.add_argument("--service", help="a service name or label selector whose objective to clear")
     p.add_argument("--nats", help=nats_help)
     add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)

@@ -4,7 +4,10 @@ It accepts objectives from clients (the public `dqoes.targets`), keeps them
 durable (a JetStream key-value bucket, so they survive a restart of the
 manager or of NATS), hands each to the worker hosting the container — also
 when the container appears later — and adds the workers' node states up into
-the cluster-wide view. Bad input never changes a stored objective: a target is
+the cluster-wide view. A service objective (for every container of a Swarm
+or compose service, or of a label selector) goes to every worker, which
+applies it to the matching containers, present and future: the manager
+compares what each node state says it holds and hands over the rest. Bad input never changes a stored objective: a target is
 validated, stored, and only then handed over or acknowledged.
 
 Storage and publishing are given as small async functions, so the logic can be
@@ -32,19 +35,31 @@ from shared.public import (
     StoredTarget,
     TargetRequest,
     containers_reply,
-    parse_container_request,
     parse_empty_request,
     parse_node_filter,
+    parse_subject_request,
     parse_target,
     target_reply_error,
     target_reply_ok,
 )
 from shared.ratelog import RateLimitedLog
-from shared.schema import NodeState, ObjectiveAssign, SchemaError
+from shared.schema import NodeState, ObjectiveAssign, SchemaError, ServiceObjective
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[str, ObjectiveAssign], Awaitable[None]]
+Send = Callable[[str, ObjectiveAssign | ServiceObjective], Awaitable[None]]
+
+SERVICE_KEY_PREFIX = "_service/"
+"""Service objectives' keys in the bucket; no container name starts with '_', so none collides."""
+
+
+def service_key(selector: str) -> str:
+    """The key-value key of a service objective; ValueError if the selector cannot be one."""
+    key = SERVICE_KEY_PREFIX + selector
+    if not subjects.is_kv_key(key):
+        raise ValueError(f"service {selector!r} cannot be a key-value key "
+                         "(allowed: letters, digits, '-', '_', '/', '=', and '.' between parts)")
+    return key
 
 
 class Store(Protocol):
@@ -62,21 +77,55 @@ class Store(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Objective:
+    """A stored objective: for `container`, or (when `service` is set) for a service's containers."""
+
     container: str
     objective_s: float
     alpha: float | None
     revision: int
     set_at: float
+    service: str | None = None
+    percentile: float | None = None
+    window_s: float | None = None
+
+    @property
+    def key(self) -> str:
+        return service_key(self.service) if self.service is not None else subjects.kv_key(self.container)
 
     def to_json(self) -> bytes:
-        return orjson.dumps({"container": self.container, "objective_s": self.objective_s,
-                             "alpha": self.alpha, "set_at": self.set_at})
+        body: dict[str, object] = ({"service": self.service} if self.service is not None
+                                   else {"container": self.container})
+        body |= {"objective_s": self.objective_s, "alpha": self.alpha, "set_at": self.set_at}
+        if self.percentile is not None:
+            body |= {"percentile": self.percentile, "window_s": self.window_s}
+        return orjson.dumps(body)
+
+    @classmethod
+    def from_request(cls, t: TargetRequest, revision: int, set_at: float) -> Objective:
+        return cls(t.container or "", t.objective_s, t.alpha, revision, set_at, t.service, t.percentile,
+                   t.window_s)
 
     @classmethod
     def from_json(cls, data: bytes, revision: int) -> Objective:
         obj = orjson.loads(data)
-        t = TargetRequest(container=obj["container"], objective_s=obj["objective_s"], alpha=obj.get("alpha"))
-        return cls(t.container, t.objective_s, t.alpha, revision, float(obj.get("set_at", 0.0)))
+        t = TargetRequest(container=obj.get("container"), service=obj.get("service"),
+                          objective_s=obj["objective_s"], alpha=obj.get("alpha"),
+                          percentile=obj.get("percentile"), window_s=obj.get("window_s"))
+        return cls.from_request(t, revision, float(obj.get("set_at", 0.0)))
+
+    def assign(self) -> ObjectiveAssign:
+        return ObjectiveAssign(container=self.container, objective_s=self.objective_s, alpha=self.alpha,
+                               revision=self.revision, percentile=self.percentile, window_s=self.window_s)
+
+    def to_service(self) -> ServiceObjective:
+        return ServiceObjective(selector=self.service or "", objective_s=self.objective_s, alpha=self.alpha,
+                                revision=self.revision, percentile=self.percentile, window_s=self.window_s)
+
+    def describe(self) -> str:
+        what = f"service {self.service}" if self.service is not None else self.container
+        how = f"{self.objective_s:g} s" if self.percentile is None else \
+            f"p{self.percentile:g} <= {self.objective_s:g} s over {self.window_s or 'the source window'} s"
+        return f"{how} for {what}"
 
 
 class TargetRejected(Exception):
@@ -101,6 +150,10 @@ class Manager:
         self.resend_after_s = resend_after_s
         self.wall = wall
         self.objectives: dict[str, Objective] = {}
+        self.services: dict[str, Objective] = {}
+        """Service objectives by selector."""
+        self._sent_services: dict[tuple[str, str], tuple[int, float]] = {}
+        """(node, selector) -> (revision, when) last handed over, so a node is not flooded."""
         self.states: dict[str, NodeState] = {}
         self.received_at: dict[str, float] = {}
         self._sent: dict[str, tuple[str, int, float]] = {}
@@ -118,9 +171,13 @@ class Manager:
             except (ValueError, KeyError, SchemaError, TypeError) as e:
                 log.warning("stored objective %s is unreadable and was skipped: %s", key, e)
                 continue
-            self.objectives[o.container] = o
-        log.info("loaded %d stored objective(s)", len(self.objectives))
-        return len(self.objectives)
+            if o.service is not None:
+                self.services[o.service] = o
+            else:
+                self.objectives[o.container] = o
+        log.info("loaded %d stored objective(s) for containers and %d for services",
+                 len(self.objectives), len(self.services))
+        return len(self.objectives) + len(self.services)
 
     # -- where containers are -------------------------------------------------
 
@@ -151,11 +208,15 @@ class Manager:
             for name, sent in list(self._sent.items()):
                 if sent[0] == ns.node:
                     del self._sent[name]
+            for key in [k for k in self._sent_services if k[0] == ns.node]:
+                del self._sent_services[key]
+        await self._reconcile_services(ns, now)
         for c in ns.containers:
             o = self.objectives.get(c.container)
             if o is None:
                 continue
-            if c.objective_s == o.objective_s and c.alpha == o.alpha:
+            if (c.objective_s == o.objective_s and c.alpha == o.alpha and c.percentile == o.percentile
+                    and c.objective_selector is None):
                 self._sent[c.container] = (ns.node, o.revision, now)
                 continue
             last = self._sent.get(c.container)
@@ -165,10 +226,24 @@ class Manager:
 
     async def _hand(self, o: Objective, node: str) -> None:
         self._sent[o.container] = (node, o.revision, self.wall())
-        await self.send(subjects.objectives(node),
-                        ObjectiveAssign(container=o.container, objective_s=o.objective_s, alpha=o.alpha,
-                                        revision=o.revision))
-        log.info("objective %g s for %s handed to %s", o.objective_s, o.container, node)
+        await self.send(subjects.objectives(node), o.assign())
+        log.info("objective %s handed to %s", o.describe(), node)
+
+    async def _reconcile_services(self, ns: NodeState, now: float) -> None:
+        """Hand a node the service objectives it lacks (or holds at another revision); take back the
+        ones cleared. At most once per `resend_after_s` per node and service."""
+        held = ns.service_objectives
+        wanted: list[ServiceObjective] = [o.to_service() for sel, o in self.services.items()
+                                          if held.get(sel) != o.revision]
+        wanted += [ServiceObjective(selector=sel, objective_s=None, revision=rev + 1)
+                   for sel, rev in held.items() if sel not in self.services]
+        for msg in wanted:
+            key = (ns.node, msg.selector)
+            last = self._sent_services.get(key)
+            if last is not None and last[0] == msg.revision and now - last[1] < self.resend_after_s:
+                continue
+            self._sent_services[key] = (msg.revision, now)
+            await self.send(subjects.objectives(ns.node), msg)
 
     # -- targets ----------------------------------------------------------------
 
@@ -181,14 +256,22 @@ class Manager:
             self.rejections.log("target rejected", "target rejected: %s", e)
             return target_reply_error(str(e))
         self.accepted += 1
+        if o.service is not None:
+            return target_reply_ok(service=o.service, objective_s=o.objective_s, alpha=o.alpha,
+                                   percentile=o.percentile, window_s=o.window_s, revision=o.revision,
+                                   containers=self.governed(o.service))
+        extra = {} if o.percentile is None else {"percentile": o.percentile, "window_s": o.window_s}
         return target_reply_ok(container=o.container, objective_s=o.objective_s, alpha=o.alpha,
-                               node=node, running=running, revision=o.revision)
+                               node=node, running=running, revision=o.revision, **extra)
 
     async def set_target(self, payload: bytes) -> tuple[Objective, str | None, bool]:
         try:
             t = parse_target(payload)
         except SchemaError as e:
             raise TargetRejected(str(e)) from None
+        if t.service is not None:
+            return await self.set_service_target(t), None, False
+        assert t.container is not None
         try:
             key = subjects.kv_key(t.container)
         except ValueError as e:
@@ -198,34 +281,67 @@ class Manager:
             raise TargetRejected(
                 f"unknown container {t.container!r}: not running on any node and not expected by any worker"
             )
-        o = Objective(t.container, t.objective_s, t.alpha, 0, self.wall())
+        o = Objective.from_request(t, 0, self.wall())
         try:
             rev = await self.store.put(key, o.to_json())
         except Exception as e:  # durability first: not stored, not accepted
             raise TargetRejected(f"could not store the objective: {e}") from None
-        o = Objective(o.container, o.objective_s, o.alpha, rev, o.set_at)
+        o = Objective.from_request(t, rev, o.set_at)
         self.objectives[o.container] = o
         if node is not None:
             await self._hand(o, node)
-        log.info("objective %g s for %s stored (revision %d)", o.objective_s, o.container, rev)
+        log.info("objective %s stored (revision %d)", o.describe(), rev)
         return o, node, running
+
+    async def set_service_target(self, t: TargetRequest) -> Objective:
+        """Store a service objective, then hand it to every live worker (the others get it when they
+        report: `_reconcile_services`). No container need match yet: replicas may come later."""
+        assert t.service is not None
+        try:
+            key = service_key(t.service)
+        except ValueError as e:
+            raise TargetRejected(str(e)) from None
+        o = Objective.from_request(t, 0, self.wall())
+        try:
+            rev = await self.store.put(key, o.to_json())
+        except Exception as e:
+            raise TargetRejected(f"could not store the objective: {e}") from None
+        o = Objective.from_request(t, rev, o.set_at)
+        self.services[t.service] = o
+        now = self.wall()
+        for ns in self.live_states():
+            self._sent_services[(ns.node, t.service)] = (rev, now)
+            await self.send(subjects.objectives(ns.node), o.to_service())
+        log.info("objective %s stored (revision %d)", o.describe(), rev)
+        return o
+
+    def governed(self, selector: str) -> list[str]:
+        """The containers a service objective governs now, as their workers last reported."""
+        return sorted(c.container for s in self.live_states() for c in s.containers
+                      if c.objective_selector == selector)
 
     # -- the objective lifecycle: get, list, clear --------------------------------
 
     def stored(self, o: Objective) -> StoredTarget:
+        if o.service is not None:
+            return StoredTarget(service=o.service, objective_s=o.objective_s, alpha=o.alpha, revision=o.revision,
+                                set_at=o.set_at, percentile=o.percentile, window_s=o.window_s,
+                                containers=tuple(self.governed(o.service)))
         node, running = self.locate(o.container)
         return StoredTarget(container=o.container, objective_s=o.objective_s, alpha=o.alpha,
-                            revision=o.revision, set_at=o.set_at, node=node, running=running)
+                            revision=o.revision, set_at=o.set_at, node=node, running=running,
+                            percentile=o.percentile, window_s=o.window_s)
 
     def on_get(self, payload: bytes) -> bytes:
         """`dqoes.targets.get`: {"ok": true, "target": {...}}, or ok false for no objective."""
         try:
-            name = parse_container_request(payload, "get")
+            kind, name = parse_subject_request(payload, "get")
         except SchemaError as e:
             return target_reply_error(str(e))
-        o = self.objectives.get(name)
+        o = (self.services if kind == "service" else self.objectives).get(name)
         if o is None:
-            return target_reply_error(f"no objective stored for {name!r}")
+            return target_reply_error(f"no objective stored for {kind} {name!r}" if kind == "service"
+                                      else f"no objective stored for {name!r}")
         return orjson.dumps({"ok": True, "target": to_json_obj(self.stored(o))})
 
     def on_list(self, payload: bytes) -> bytes:
@@ -234,7 +350,8 @@ class Manager:
             parse_empty_request(payload, "list")
         except SchemaError as e:
             return target_reply_error(str(e))
-        rows = [to_json_obj(self.stored(self.objectives[k])) for k in sorted(self.objectives)]
+        rows = [to_json_obj(self.stored(self.services[k])) for k in sorted(self.services)]
+        rows += [to_json_obj(self.stored(self.objectives[k])) for k in sorted(self.objectives)]
         return orjson.dumps({"ok": True, "targets": rows})
 
     async def on_clear(self, payload: bytes) -> bytes:
@@ -246,10 +363,12 @@ class Manager:
         acknowledged, like a set.
         """
         try:
-            name = parse_container_request(payload, "clear")
+            kind, name = parse_subject_request(payload, "clear")
         except SchemaError as e:
             self.rejected += 1
             return target_reply_error(str(e))
+        if kind == "service":
+            return await self.clear_service(name)
         o = self.objectives.get(name)
         if o is None:
             self.rejected += 1
@@ -272,6 +391,29 @@ class Manager:
         log.info("objective for %s cleared (was %g s)", name, o.objective_s)
         return target_reply_ok(container=name, cleared=True, previous_objective_s=o.objective_s,
                                node=node, running=running)
+
+    async def clear_service(self, selector: str) -> bytes:
+        """Delete a service objective and take it back from every live worker."""
+        o = self.services.get(selector)
+        if o is None:
+            self.rejected += 1
+            return target_reply_error(f"no objective stored for service {selector!r}")
+        try:
+            await self.store.delete(service_key(selector))
+        except Exception as e:
+            self.rejected += 1
+            return target_reply_error(f"could not delete the objective: {e}")
+        governed = self.governed(selector)
+        del self.services[selector]
+        now = self.wall()
+        for ns in self.live_states():
+            self._sent_services[(ns.node, selector)] = (o.revision + 1, now)
+            await self.send(subjects.objectives(ns.node),
+                            ServiceObjective(selector=selector, objective_s=None, revision=o.revision + 1))
+        self.cleared += 1
+        log.info("objective for service %s cleared (was %g s)", selector, o.objective_s)
+        return target_reply_ok(service=selector, cleared=True, previous_objective_s=o.objective_s,
+                               containers=governed)
 
     # -- the cluster view -------------------------------------------------------
 
@@ -314,6 +456,9 @@ def container_rows(node_states: Iterable[NodeState]) -> list[ContainerInfo]:
                 cpu_used_cores=used, throttled_ratio=c.throttled_ratio,
                 last_batch_at=c.last_batch_at, stale=c.stale, seen_at=ns.at,
                 objective_source=c.objective_source if managed else None,
+                objective_selector=c.objective_selector if managed else None,
+                percentile=c.percentile if managed else None, window_s=c.window_s if managed else None,
+                request_rate_per_s=c.request_rate_per_s,
             ))
     return rows
 

@@ -37,6 +37,7 @@ from shared.schema import (
     LaunchReply,
     ObjectiveAssign,
     Progress,
+    ServiceObjective,
 )
 from shared.settings import DEFAULT_METRICS_ADDR
 
@@ -235,8 +236,10 @@ async def build(cfg: WorkerConfig) -> WorkerApp:
     # Msgpack LatencyEvents, or the same fields as JSON (shared/latency/events.py).
     await bus.subscribe_batch(subjects.latency_of_node(cfg.node), worker.on_latencies, decode_latency_any,
                               with_subjects=True)
-    await control_bus.subscribe(subjects.objectives(cfg.node), lambda m, _: worker.on_objective(m),
-                                expect=ObjectiveAssign)
+    await control_bus.subscribe(
+        subjects.objectives(cfg.node),
+        lambda m, _: worker.on_objective(m) if isinstance(m, ObjectiveAssign) else worker.on_service_objective(m),
+        expect=(ObjectiveAssign, ServiceObjective))
 
     async def on_control(msg: ControlMsg, inc: Incoming) -> None:
         await control_bus.reply(inc, worker.on_control(msg))

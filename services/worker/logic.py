@@ -25,8 +25,10 @@ from shared import subjects
 from shared.aio import wait_event
 from shared.core.controller import NodeController, finished_on_clock
 from shared.core.guard import throttled_share
+from shared.core.objectives import BatchWindow, Objective, Resolved, resolve
 from shared.core.policy import Policy, numeric_params, unknown_params
 from shared.core.types import Cls, Decision, classify, workload_of
+from shared.latency.spec import DEFAULT_WINDOW_S
 from shared.ratelog import RateLimitedLog
 from shared.runtime.base import Runtime, RuntimeContainer, RuntimeEvent, RuntimeFailure, Throttling
 from shared.schema import (
@@ -38,6 +40,7 @@ from shared.schema import (
     Message,
     NodeState,
     ObjectiveAssign,
+    ServiceObjective,
 )
 
 log = logging.getLogger(__name__)
@@ -98,6 +101,17 @@ class Worker:
         self.by_id: dict[str, str] = {}
         self.assigned: dict[str, ObjectiveAssign] = {}
         self.label_objectives: dict[str, tuple[float | None, float | None]] = {}
+        self.service_objectives: dict[str, ServiceObjective] = {}
+        """Objectives for services (selector -> the manager's hand-over): every matching container."""
+        self.labels: dict[str, Mapping[str, str]] = {}
+        self.resolved: dict[str, Resolved] = {}
+        """The objective governing each container and where it comes from (own > service > label)."""
+        self.windows: dict[str, BatchWindow] = {}
+        """Recent batches of containers with a percentile objective and NATS latency events."""
+        self.request_rates: dict[str, float] = {}
+        """Requests per second over each polled container's last window."""
+        self.retuned: list[Callable[[str], None]] = []
+        """Called with a container whose objective's percentile or window changed (the poller)."""
         self.rounds = 0
         self.latencies = 0
         self.ignored_latencies = 0
@@ -194,7 +208,11 @@ class Worker:
         wall_s, now_s, finished_at = self.wall(), self.clock(), msg.finished_at
         lag_s = None if finished_at is None else wall_s - finished_at
         finished_s = finished_on_clock(now_s, lag_s, self.time_scale)
-        if msg.node != self.node or not ctrl.record_latency(name, msg.latency_s, finished_s, cpu_s,
+        latency_s = msg.latency_s
+        window = self.windows.get(name)
+        if window is not None and msg.node == self.node:
+            latency_s = self._window_percentile(name, window, finished_s, latency_s)
+        if msg.node != self.node or not ctrl.record_latency(name, latency_s, finished_s, cpu_s,
                                                             workload_of(msg.model, msg.images),
                                                             follows_limit=msg.follows_limit):
             self.ignored_latencies += 1
@@ -204,6 +222,18 @@ class Worker:
             self.models[name] = msg.model
         if ctrl.due(now_s):
             self.wake.set()
+
+    def _window_percentile(self, name: str, window: BatchWindow, at_s: float, latency_s: float) -> float:
+        """A batch of a container with a percentile objective: the percentile of its batches over the
+        window, this one included, is the latency the controller sees (the same shape: one number
+        against the objective)."""
+        o = self.resolved[name].objective
+        if o is None or o.percentile is None:
+            return latency_s
+        window_s = o.window_s or DEFAULT_WINDOW_S  # on the controller clock, like the latencies
+        window.add(at_s, latency_s, window_s)
+        p = window.percentile(at_s, o.percentile, window_s)
+        return latency_s if p is None else p
 
     def on_polled(self, name: str, latency_s: float) -> bool:
         """A percentile the worker read itself (a polled source), one per window, as of now."""
@@ -240,7 +270,22 @@ class Worker:
         self._objective_arrived.set()
         self.assigned[msg.container] = msg
         if msg.container in self.ctrl.containers:
-            self._set_objective(msg.container, msg.objective_s, msg.alpha)
+            self._govern(msg.container)
+
+    def on_service_objective(self, msg: ServiceObjective) -> None:
+        """A service objective from the manager (None: taken back): every matching container, present
+        and future, is governed by it unless it has its own. An older revision than the one held is
+        ignored (the manager sends the current one again while this node reports another)."""
+        prev = self.service_objectives.get(msg.selector)
+        if prev is not None and msg.revision < prev.revision:
+            return
+        self._objective_arrived.set()
+        if msg.objective_s is None:
+            self.service_objectives.pop(msg.selector, None)
+        else:
+            self.service_objectives[msg.selector] = msg
+        for name in list(self.ctrl.containers):
+            self._govern(name)
 
     def on_control(self, msg: ControlMsg) -> ControlReply:
         """An operator's parameter read or change, checked against the policy in force.
@@ -319,7 +364,7 @@ class Worker:
             name = ev.container.name
             # Nothing per container outlives it (1,000 starts and stops leave nothing behind).
             for table in (self.last_batch_at, self.throttled_ratio, self.models, self.label_objectives,
-                          self.assigned):
+                          self.assigned, self.labels, self.resolved, self.windows, self.request_rates):
                 table.pop(name, None)
             self.by_id.pop(ev.container.id[:12], None)
             for gone in self.left:
@@ -343,28 +388,52 @@ class Worker:
         self.models[c.name] = c.model
         self.by_id[c.id[:12]] = c.name
         self.label_objectives[c.name] = (c.objective_s, c.alpha)
+        self.labels[c.name] = dict(c.labels)
         if c.name not in self.originals:  # after a crash the file still has the true original
             self.originals[c.name] = c.limit
             _save_originals(self.originals_file, self.originals)
         self.ctrl.add(c.name, self.clock(), limit=_fraction(c.limit), workload=workload_of(c.model))
+        self._govern(c.name, quiet=True)
         for joined in self.joined:
             joined(c)
-        a = self.assigned.get(c.name)
-        objective, alpha = (a.objective_s, a.alpha) if a is not None else (c.objective_s, c.alpha)
-        if objective is not None:
-            self._set_objective(c.name, objective, alpha)
-        log.info("container %s joined (objective %s)", c.name, "none" if objective is None else f"{objective:g} s")
+        r = self.resolved.get(c.name)
+        o = None if r is None else r.objective
+        log.info("container %s joined (objective %s)", c.name,
+                 "none" if o is None or r is None else f"{o.objective_s:g} s from its {r.source}"
+                 + (f" {r.selector}" if r.selector else ""))
 
     def _objective_source(self, name: str) -> Literal["target", "label"]:
-        """Where the objective in force comes from: "target" (the objective store, which wins) or
-        "label" (the container's dqoes.objective_s label)."""
+        """Where the objective in force comes from: "target" (the objective store, which wins: the
+        container's own or its service's) or "label" (the container's dqoes.objective_s label)."""
+        r = self.resolved.get(name)
+        return "label" if r is None or r.source == "label" else "target"
+
+    def _govern(self, name: str, *, quiet: bool = False) -> None:
+        """Resolve which objective governs a container (own > service > label) and apply it."""
         a = self.assigned.get(name)
-        return "target" if a is not None and a.objective_s is not None else "label"
+        own = None if a is None or a.objective_s is None else Objective(a.objective_s, a.alpha, a.percentile,
+                                                                        a.window_s)
+        services = {sel: Objective(m.objective_s, m.alpha, m.percentile, m.window_s)
+                    for sel, m in self.service_objectives.items() if m.objective_s is not None}
+        label_s, label_alpha = self.label_objectives.get(name, (None, None))
+        label = None if label_s is None else Objective(label_s, label_alpha)
+        r = resolve(own, services, self.labels.get(name, {}), label)
+        prev = self.resolved.get(name)
+        self.resolved[name] = r
+        o = r.objective
+        if o is not None and o.percentile is not None and name not in self.polled:
+            self.windows.setdefault(name, BatchWindow())
+        else:
+            self.windows.pop(name, None)
+        shape = None if o is None else (o.percentile, o.window_s)
+        before = None if prev is None or prev.objective is None else (prev.objective.percentile,
+                                                                       prev.objective.window_s)
+        if prev is not None and shape != before:
+            for retune in self.retuned:
+                retune(name)
+        self._set_objective(name, None if o is None else o.objective_s, None if o is None else o.alpha)
 
     def _set_objective(self, name: str, objective_s: float | None, alpha: float | None) -> None:
-        if objective_s is None:
-            # Cleared by the operator: fall back to the container's own label, if any.
-            objective_s, alpha = self.label_objectives.get(name, (None, None))
         was_managed = name in self.ctrl.containers and self.ctrl.containers[name].managed
         try:
             self.ctrl.set_objective(name, objective_s, self.clock(), alpha)
@@ -560,6 +629,7 @@ class Worker:
                     last_batch_at=self.last_batch_at.get(t.name),
                     stale=t.name in stale,
                     objective_source=self._objective_source(t.name) if t.managed else None,
+                    **self._objective_fields(t.name, t.managed),
                 )
             )
         return NodeState(
@@ -582,7 +652,17 @@ class Worker:
             # different instants can pass the node by a hair, which no node can use.
             cpu_cores_used=min(cores, used_total),
             cpu_cores_idle=max(0.0, cores - used_total),
+            service_objectives={sel: m.revision for sel, m in self.service_objectives.items()},
         )
+
+    def _objective_fields(self, name: str, managed: bool) -> dict[str, Any]:
+        """What a container's state says of its objective's kind (service, percentile) and its rate."""
+        r = self.resolved.get(name)
+        o = None if r is None or not managed else r.objective
+        return {"objective_selector": None if o is None or r is None else r.selector,
+                "percentile": None if o is None else o.percentile,
+                "window_s": None if o is None else o.window_s,
+                "request_rate_per_s": self.request_rates.get(name)}
 
     # -- loops ------------------------------------------------------------------
 

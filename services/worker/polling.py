@@ -13,7 +13,9 @@ no request finished) makes the container stale: never met, its limit kept
 (`Worker.unmeasured`). One log line per source problem and period says why;
 the next window that has a value ends it, with one line saying so. The
 request rate of each window is kept beside it (`status`, and the metric
-dqoes_request_rate_per_second).
+dqoes_request_rate_per_second) and in the container's state. A percentile
+objective's percentile and window drive the reading; the labels are the
+defaults (`objective_spec`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.worker.logic import Worker
 from shared.core.quantiles import WindowReading
@@ -68,6 +70,15 @@ def endpoint(c: RuntimeContainer, spec: SourceSpec) -> str:
     return f"http://{host}:{port}{spec.path}"
 
 
+def objective_spec(worker: Worker, name: str, spec: SourceSpec) -> SourceSpec:
+    """The source as the container's objective asks: its percentile and window win over the labels'."""
+    r = worker.resolved.get(name)
+    o = None if r is None else r.objective
+    if o is None or o.percentile is None:
+        return spec
+    return replace(spec, percentile=o.percentile, window_s=o.window_s or spec.window_s)
+
+
 class LatencyPoller:
     """One polling task per container with a polled source, on the worker's loop."""
 
@@ -79,12 +90,20 @@ class LatencyPoller:
         self.status: dict[str, SourceStatus] = {}
         self.sources: dict[str, LatencySource] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._containers: dict[str, RuntimeContainer] = {}
         self._quiet_until: dict[str, float] = {}
         """Until when (monotonic) a new container's source may still be starting; gone once it answers."""
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="latency-source")
         self.problems = RateLimitedLog(log, logging.WARNING, interval_s=log_interval_s)
         worker.joined.append(self.add)
         worker.left.append(self.remove)
+        worker.retuned.append(self.retune)
+
+    def retune(self, name: str) -> None:
+        """A polled container's objective changed percentile or window: read it the new way."""
+        c = self._containers.get(name)
+        if c is not None and name in self.sources:
+            self.add(c)
 
     def add(self, c: RuntimeContainer) -> None:
         """A container joined: poll it if its labels say so (a malformed label: stale, one line)."""
@@ -93,6 +112,7 @@ class LatencyPoller:
             spec = parse_source(c.labels)
             if not spec.polled:
                 return
+            spec = objective_spec(self.worker, c.name, spec)
             source = self.make(c, spec)
         except ValueError as e:
             self.worker.polled.add(c.name)
@@ -101,6 +121,7 @@ class LatencyPoller:
             log.warning("latency of %s cannot be read: %s; stale (limit kept)", c.name, e)
             return
         self.worker.polled.add(c.name)
+        self._containers[c.name] = c
         self.sources[c.name] = source
         self.status[c.name] = SourceStatus(spec.kind, "baseline", url=source.url)
         self._quiet_until[c.name] = time.monotonic() + max(STARTUP_GRACE_S, 3 * spec.window_s)
@@ -127,6 +148,7 @@ class LatencyPoller:
         self.sources.pop(name, None)
         self.status.pop(name, None)
         self._quiet_until.pop(name, None)
+        self._containers.pop(name, None)
         self.worker.polled.discard(name)
         self.worker.unmeasured.discard(name)
 
@@ -149,6 +171,8 @@ class LatencyPoller:
         w = self.worker
         self.status[name] = SourceStatus(kind, reading.state, reading.detail, reading.latency_s,
                                          reading.rate_per_s, url)
+        if reading.rate_per_s is not None:
+            w.request_rates[name] = reading.rate_per_s
         if reading.latency_s is not None:
             self._quiet_until.pop(name, None)
             w.on_polled(name, reading.latency_s)

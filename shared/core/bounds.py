@@ -41,3 +41,6 @@ def objective_problem(value: Any) -> str | None:
     if in_range(value, MIN_OBJECTIVE_S, MAX_OBJECTIVE_S):
         return None
     return f"must be between {MIN_OBJECTIVE_S:g} and {MAX_OBJECTIVE_S:g} seconds per batch, got {value!r}"
+
+MAX_WINDOW_S = 3600.0
+"""Longest window a percentile objective may be measured over (an hour); shorter than any: > 0."""

@@ -37,6 +37,7 @@ from shared.schema import (
     ObjectiveAssign,
     Progress,
     SchemaError,
+    ServiceObjective,
     TrainingJobState,
     TrainingState,
 )
@@ -144,8 +145,10 @@ SAMPLES: dict[str, schema.Message] = {
                 managed=True,
                 objective_source="label",
             ),
+
             ContainerState(
-                container="minilm", objective_s=10.0, latency_s=13.5, cls=Cls.B, slack_s=-3.5
+                container="minilm", objective_s=10.0, latency_s=13.5, cls=Cls.B, slack_s=-3.5,
+                objective_selector="app=nlp", percentile=95.0, window_s=30.0, request_rate_per_s=12.5,
             ),
             ContainerState(container="fresh", objective_s=5.0),
         ),
@@ -154,8 +157,12 @@ SAMPLES: dict[str, schema.Message] = {
         met=2,
         cpu_cores_used=1.4,
         cpu_cores_idle=0.6,
+        service_objectives={"app=nlp": 7},
     ),
-    "objective": ObjectiveAssign(container="resnet.1", objective_s=40.0, alpha=0.05, revision=3),
+    "objective": ObjectiveAssign(container="resnet.1", objective_s=40.0, alpha=0.05, revision=3,
+                                 percentile=95.0, window_s=30.0),
+    "service_objective": ServiceObjective(selector="app=api", objective_s=0.2, alpha=0.1, revision=7,
+                                          percentile=99.0, window_s=30.0),
     "control": ControlMsg(alpha=0.2, beta=0.15, initial_interval_s=5.0, max_interval_s=80.0,
                           params={"dead_band": 0.05}, policy="learned"),
     "control_reply": ControlReply(node="node-a", policy="dqoes", ok=True,
@@ -173,13 +180,26 @@ SAMPLES: dict[str, schema.Message] = {
     "launch_reply": LaunchReply(ok=False, node="node-a", job="job-3", error="unknown image 'x'"),
 }
 
-V3_ONLY = {"control_reply", "progress", "job_done", "training_state", "launch", "launch_reply"}
+V3_ONLY = {"service_objective", "control_reply", "progress", "job_done", "training_state", "launch", "launch_reply"}
 """Message types that did not exist before version 3 (no older fixtures)."""
 OLD_KINDS = sorted(set(SAMPLES) - V3_ONLY)
 
 
+def as_before_objectives(msg):
+    """The sample as a v3 sender before service and percentile objectives wrote it (v3-early fixtures)."""
+    if isinstance(msg, NodeState):
+        return msgspec.structs.replace(
+            msg, service_objectives={}, containers=tuple(
+                msgspec.structs.replace(c, objective_selector=None, percentile=None, window_s=None,
+                                        request_rate_per_s=None) for c in msg.containers))
+    if isinstance(msg, ObjectiveAssign):
+        return msgspec.structs.replace(msg, percentile=None, window_s=None)
+    return msg
+
+
 def as_before_v3(msg):
     """The sample as a v1/v2 sender wrote it: the fields version 3 added at their defaults."""
+    msg = as_before_objectives(msg)
     if isinstance(msg, NodeState):
         return msgspec.structs.replace(
             msg, met=None, cpu_cores_used=None, cpu_cores_idle=None,
@@ -197,6 +217,7 @@ MESSAGE_CLASSES = {
     "decision": DecisionMsg,
     "node_state": NodeState,
     "objective": ObjectiveAssign,
+    "service_objective": ServiceObjective,
     "control": ControlMsg,
     "control_reply": ControlReply,
     "progress": Progress,
@@ -238,6 +259,14 @@ def test_golden_bytes_decode_to_the_sample(kind):
     env = schema.decode_envelope((GOLDEN / f"{kind}.msgpack").read_bytes())
     assert env.msg == SAMPLES[kind]
     assert (env.type, env.v, env.ts, env.sender) == (kind, 3, GOLDEN_TS, GOLDEN_SENDER)
+
+
+@pytest.mark.parametrize("kind", ["node_state", "objective"])
+def test_v3_bytes_from_before_service_objectives_still_decode(kind):
+    """Service and percentile objectives only added optional fields: earlier v3 bytes decode unchanged."""
+    env = schema.decode_envelope((GOLDEN / "v3-early" / f"{kind}.msgpack").read_bytes())
+    assert env.msg == as_before_objectives(SAMPLES[kind])
+    assert env.v == 3
 
 
 @pytest.mark.parametrize("kind", OLD_KINDS)
