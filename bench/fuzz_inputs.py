@@ -114,6 +114,9 @@ OBJECTIVE = {"container": "c1", "objective_s": 5.0, "alpha": 0.2, "revision": 3}
 CONTROL = {"alpha": 0.2, "beta": 0.1, "initial_interval_s": 10.0, "max_interval_s": 100.0,
            "params": {"beta": 0.2}}
 TARGET = {"container": "c1", "objective": 5.0, "alpha": 0.2}
+SERVICE_TARGET = {"service": "app=api", "objective": 0.2, "percentile": 95, "window_s": 30}
+SERVICE_OBJECTIVE = {"selector": "api", "objective_s": 0.2, "alpha": 0.1, "revision": 3, "percentile": 95.0,
+                     "window_s": 30.0}
 SCENARIO = {"name": "f", "duration_s": 100, "nodes": [{"name": NODE, "cores": 2}],
             "models": [{"name": "m", "work_cpu_s": 1.0, "threads": 1}],
             "containers": [{"name": "c1", "model": "m", "objective_s": 3.0}]}
@@ -186,7 +189,7 @@ class Harness:
         ctrl = self.worker.ctrl
         return (dict(self.store.data),
                 {n: (t.objective_s, t.alpha) for n, t in ctrl.containers.items()},
-                ctrl.policy.params)
+                ctrl.policy.params, dict(self.worker.service_objectives))
 
     def close(self) -> None:
         self.loop.close()
@@ -248,6 +251,14 @@ def door_objective(h: Harness, data: bytes) -> bool:
     if not isinstance(msg, schema.ObjectiveAssign):
         return False
     h.worker.on_objective(msg)
+    return True
+
+
+def door_service_objective(h: Harness, data: bytes) -> bool:
+    msg = _decode(data)
+    if not isinstance(msg, schema.ServiceObjective):
+        return False
+    h.worker.on_service_objective(msg)
     return True
 
 
@@ -338,11 +349,13 @@ class Door:
 
 DOORS: dict[str, Door] = {d.name: d for d in (
     Door("targets", lambda: _json_text(TARGET), door_target),
+    Door("service-targets", lambda: _json_text(SERVICE_TARGET), door_target),
     Door("latency", lambda: _wire("latency", LATENCY), door_latency),
     Door("latency-json", lambda: _json_text(LATENCY), door_latency_json),
     Door("decisions", lambda: _wire("decision", DECISION), door_decision),
     Door("states", lambda: _wire("node_state", STATE), door_state),
     Door("objectives", lambda: _wire("objective", OBJECTIVE), door_objective),
+    Door("service-objectives", lambda: _wire("service_objective", SERVICE_OBJECTIVE), door_service_objective),
     Door("control", lambda: _wire("control", CONTROL), door_control),
     Door("scenarios", lambda: _json_text(SCENARIO), door_scenario),
     Door("labels", _labels, door_labels),

@@ -38,13 +38,19 @@ Source = Literal["container", "service", "label"]
 def parse_selector(text: str) -> tuple[str | None, str]:
     """(label key or None for a service name, value); ValueError with a one-line reason if malformed."""
     if not isinstance(text, str):
-        raise ValueError(f"must be a service name or a label selector key=value, got {text!r}")
+        raise ValueError(f"must be a service name or a label selector key=value, got {_short(text)}")
     m = _SELECTOR_RE.match(text)
     if m is None:
         raise ValueError(
-            f"must be a service name (letters, digits, '_', '.', '-') or a label selector key=value, got {text!r}"
+            f"must be a service name (letters, digits, '_', '.', '-') or a label selector key=value, "
+            f"got {_short(text)}"
         )
     return m.group("key"), m.group("value")
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def matches(selector: str, labels: Mapping[str, str]) -> bool:

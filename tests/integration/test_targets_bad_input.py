@@ -41,11 +41,17 @@ bad_objective = st.one_of(
 )
 bad_alpha = st.one_of(st.just(0), st.just(1), st.just(1.5), st.just(-0.2), st.just(math.nan), st.just("0.1"), st.just(True))
 container = st.sampled_from(["c01", "c02", "c03"])
+bad_percentile = st.one_of(st.just(0), st.just(100), st.just(-1), st.just(100.5), st.just(math.nan), st.just("95"),
+                           st.floats(max_value=0.0, allow_nan=False), st.floats(min_value=100.0, allow_infinity=False))
+bad_window = st.one_of(st.just(0), st.just(-1), st.just(-0.0), st.just(math.inf), st.just(3601), st.just("30"),
+                       st.floats(max_value=0.0, allow_nan=False))
+bad_service = st.one_of(st.sampled_from(["", "a b", "=api", "app=", "x=y=z", "-api", "api!", "*", ">", "a" * 300]),
+                        junk_values.filter(lambda v: not isinstance(v, str) and v is not None))
 
 
 @st.composite
 def bad_payloads(draw) -> bytes:
-    kind = draw(st.integers(0, 8))
+    kind = draw(st.integers(0, 10))
     enc = draw(st.sampled_from(["json", "msgpack"]))
 
     def pack(obj):
@@ -62,7 +68,8 @@ def bad_payloads(draw) -> bytes:
     if kind == 3:
         return pack({"container": draw(container), "objective": 30, "alpha": draw(bad_alpha)})
     if kind == 4:
-        extra = draw(st.text(min_size=1, max_size=10).filter(lambda k: k not in ("container", "objective", "objective_s", "alpha")))
+        extra = draw(st.text(min_size=1, max_size=10).filter(lambda k: k not in (
+            "container", "service", "objective", "objective_s", "alpha", "percentile", "window_s")))
         return pack({"container": draw(container), "objective": 30, extra: draw(junk_values)})
     if kind == 5:
         return pack({"container": draw(junk_values.filter(lambda v: not isinstance(v, str))), "objective": 30})
@@ -70,6 +77,11 @@ def bad_payloads(draw) -> bytes:
         return pack({"container": draw(st.sampled_from(["ghost", "c99", "c01.x", "a b", "*", ">"])), "objective": 30})
     if kind == 7:
         return pack({"objective": 30} if draw(st.booleans()) else {"container": "c01"})
+    if kind == 8:  # a service objective with a bad percentile or window
+        return pack({"service": draw(st.sampled_from(["api", "app=api"])), "objective": 0.2,
+                     "percentile": draw(bad_percentile), "window_s": draw(st.one_of(st.just(30), bad_window))})
+    if kind == 9:  # a service that is no service name nor key=value
+        return pack({"service": draw(bad_service), "objective": 0.2})
     return b'{"container": "c01", "objective": ' + draw(st.sampled_from([b"NaN", b"Infinity", b"1e999", b"-5", b"0"])) + b"}"
 
 
@@ -150,11 +162,34 @@ def test_bad_requests_are_refused_and_change_nothing(client, payload):
         (b'{"container": "ghost", "objective": 30}', "unknown container 'ghost'"),
         (b'{"container": "c01", "objective": 30, "alpha": 2}', "alpha"),
         (b" " * 1_000_000, "bytes"),
+        (b'{"service": "api", "objective": 0.2, "percentile": 100}', "percentile: must be a percentile in (0, 100)"),
+        (b'{"service": "api", "objective": 0.2, "percentile": 0}', "percentile: must be a percentile in (0, 100)"),
+        (b'{"service": "api", "objective": 0.2, "percentile": -5}', "percentile"),
+        (b'{"container": "c01", "objective": 30, "percentile": 101}', "percentile"),
+        (b'{"service": "api", "objective": 0.2, "percentile": 95, "window_s": 0}', "window_s: must be"),
+        (b'{"service": "api", "objective": 0.2, "percentile": 95, "window_s": -30}', "window_s: must be"),
+        (b'{"service": "api", "objective": 0.2, "window_s": 30}', "window needs a percentile"),
+        (b'{"service": "a b", "objective": 0.2}', "service: must be a service name"),
+        (b'{"service": "app=", "objective": 0.2}', "service: must be a service name"),
+        (b'{"service": "=api", "objective": 0.2}', "service: must be a service name"),
+        (b'{"service": ["api"], "objective": 0.2}', "service: must be a service name"),
+        (b'{"container": "c01", "service": "api", "objective": 30}', "not both"),
     ],
 )
 def test_refusals_name_the_problem(client, payload, words):
     reply = client.request(payload)
     assert reply["ok"] is False and words in reply["error"], reply
+
+
+@pytest.mark.parametrize(("subject", "payload", "words"), [
+    (subjects.TARGETS_CLEAR, b'{"service": "a b"}', "service: must be a service name"),
+    (subjects.TARGETS_CLEAR, b'{"service": "api"}', "no objective stored for service 'api'"),
+    (subjects.TARGETS_CLEAR, b'{"service": "api", "container": "c01"}', "not both"),
+    (subjects.TARGETS_GET, b'{"service": "x=y=z"}', "service: must be a service name"),
+])
+def test_bad_service_requests_on_get_and_clear_change_nothing(client, subject, payload, words):
+    reply = parse_target_reply(client.loop.run_until_complete(client.bus.request(subject, payload, timeout_s=5)))
+    assert reply["ok"] is False and words in reply["error"] and "\n" not in reply["error"], reply
 
 
 def test_nothing_stored_changed_and_nothing_crashed(client, stack):
