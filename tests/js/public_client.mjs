@@ -1,6 +1,7 @@
 // A client of DQoES written against docs/api.md only: nats.js, JSON, the public subjects.
 // It lists the containers, picks one that is running, sets an objective for it, reads it
-// back, clears it and checks it is gone. Prints one JSON line of what it saw; exits 1 on
+// back, clears it and checks it is gone; then the same for a service-level percentile
+// objective (every container with the picked one's model label). Prints one JSON line of what it saw; exits 1 on
 // any surprise. Usage: node public_client.mjs 'nats://127.0.0.1:4222?creds=client.creds' [objective_s]
 import { readFileSync } from "node:fs";
 import { connect, JSONCodec, nkeyAuthenticator } from "nats";
@@ -59,6 +60,26 @@ try {
   const gone = await ask(nc, "dqoes.targets.get", { container: name });
   if (gone.ok) fail("still stored after clear", gone);
 
+  // A service objective: p95 over 30 s, for every container labelled with the picked one's model.
+  const service = `dqoes.model=${pick.model}`;
+  const svc = await ask(nc, "dqoes.targets", { service, objective, percentile: 95, window_s: 30 });
+  if (!svc.ok || svc.service !== service || svc.percentile !== 95 || svc.window_s !== 30) {
+    fail("service objective refused", svc);
+  }
+  const svcList = await ask(nc, "dqoes.targets.list", {});
+  const row = svcList.ok && svcList.targets.find((t) => t.service === service);
+  if (!row || row.percentile !== 95 || row.objective_s !== objective || row.container !== null) {
+    fail("list misses the service objective", svcList);
+  }
+  const bad = await ask(nc, "dqoes.targets", { service, objective, percentile: 100 });
+  if (bad.ok || !bad.error.startsWith("percentile:")) fail("a percentile of 100 was not refused", bad);
+  const svcCleared = await ask(nc, "dqoes.targets.clear", { service });
+  if (!svcCleared.ok || svcCleared.cleared !== true || svcCleared.service !== service) {
+    fail("service clear refused", svcCleared);
+  }
+  const svcGone = await ask(nc, "dqoes.targets.get", { service });
+  if (svcGone.ok) fail("service objective still stored after clear", svcGone);
+
   console.log(JSON.stringify({
     containers: listed.containers.length,
     picked: { container: name, node: pick.node, model: pick.model },
@@ -66,6 +87,7 @@ try {
     got: got.target,
     cleared: { previous_objective_s: cleared.previous_objective_s },
     after_clear: gone,
+    service: { listed: row, refused: bad.error, cleared: svcCleared.previous_objective_s, after_clear: svcGone },
   }));
 } finally {
   await nc.drain();

@@ -3,7 +3,8 @@
 `public_client.mjs` knows nothing of this project but docs/reference/api.md: it lists
 the containers (`dqoes.cluster.containers`), sets an objective for one it
 found (`dqoes.targets`), reads it back (`.get`, `.list`), clears it
-(`.clear`) and checks it is gone. The deployment is a real one (`Stack`:
+(`.clear`) and checks it is gone; then sets a service-level percentile objective (a label
+selector), lists it, sees a bad percentile refused, and clears it. The deployment is a real one (`Stack`:
 private nats-server, manager, a simulated worker). Needs node and the
 `nats` npm package in tests/js/node_modules (`npm ci --prefix tests/js`);
 without them the test is skipped with the reason, unless
@@ -65,6 +66,13 @@ def test_a_nats_js_client_lists_sets_reads_and_clears_an_objective(node, tmp_pat
         assert seen["set"] == {"objective_s": 42, "node": "worker-1", "revision": seen["got"]["revision"]}
         assert seen["got"]["container"] == name and seen["got"]["running"] is True
         assert seen["after_clear"] == {"ok": False, "error": f"no objective stored for {name!r}"}
+        service = seen["service"]
+        assert service["listed"]["service"] == "dqoes.model=resnet50"
+        assert (service["listed"]["percentile"], service["listed"]["window_s"]) == (95, 30)
+        assert service["refused"].startswith("percentile: must be a percentile in (0, 100)")
+        assert service["cleared"] == 42
+        assert service["after_clear"] == {"ok": False,
+                                          "error": "no objective stored for service 'dqoes.model=resnet50'"}
 
         # What the client did is what the store holds: nothing (checked from Python).
         import asyncio
