@@ -137,8 +137,9 @@ class LatencyPoller:
         if not self.prometheus_url:
             raise ValueError("dqoes.latency.source=promql needs the worker's --prometheus-url")
         node = self.worker.node
-        return PromQLSource(self.prometheus_url, substitute(spec.query or "", c.name, node, c.model),
-                            substitute(spec.rate_query, c.name, node, c.model) if spec.rate_query else None,
+        q, w = spec.quantile, spec.window_s
+        return PromQLSource(self.prometheus_url, substitute(spec.query or "", c.name, node, c.model, q, w),
+                            substitute(spec.rate_query, c.name, node, c.model, q, w) if spec.rate_query else None,
                             spec.unit_s, self.timeout_s, self._executor)
 
     def remove(self, name: str) -> None:

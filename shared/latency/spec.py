@@ -123,9 +123,16 @@ def parse_source(labels: Mapping[str, str]) -> SourceSpec:
     return SourceSpec(query=query, rate_query=rate_query, **common)  # type: ignore[arg-type]
 
 
-def substitute(template: str, name: str, node: str, model: str | None) -> str:
+def substitute(template: str, name: str, node: str, model: str | None, quantile: float | None = None,
+               window_s: float | None = None) -> str:
     """A query template with {name}, {node} and {model} replaced (PromQL's own braces left alone),
-    each value escaped for a PromQL string."""
+    each value escaped for a PromQL string; {quantile} (0.95) and {window} (a PromQL duration, 30s)
+    by the objective's percentile and window when given."""
+    if quantile is not None:
+        template = template.replace("{quantile}", f"{quantile:g}")
+    if window_s is not None:
+        ms = round(window_s * 1000)
+        template = template.replace("{window}", f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms")
 
     def esc(value: str) -> str:
         return value.replace("\\", "\\\\").replace('"', '\\"')
