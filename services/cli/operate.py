@@ -339,8 +339,11 @@ SOURCES = {"target": "from the objective store (dqoes target set)",
 
 
 def cmd_target_get(args: argparse.Namespace) -> int:
+    if args.service is not None:
+        return _service_target_get(args)
+
     async def go() -> tuple[dict[str, Any], ContainerInfo | None]:
-        reply = await _public_request(args, subjects.TARGETS_GET, orjson.dumps({"container": args.container}))
+        reply = await _public_request(args, subjects.TARGETS_GET, orjson.dumps(_subject(args)))
         bus = await connect(resolve_url(args.nats, args.creds), "dqoes-target")
         try:  # what its worker has in force: the store's objective wins over the container's label
             rows = [r for r in await fetch_containers(bus) if r.container == args.container]
@@ -364,6 +367,18 @@ def cmd_target_get(args: argparse.Namespace) -> int:
     elif row is not None:
         print(f"in force on {row.node}: no objective (unmanaged)")
     return 0 if reply["ok"] else 1
+
+
+def _service_target_get(args: argparse.Namespace) -> int:
+    reply = asyncio.run(_public_request(args, subjects.TARGETS_GET, orjson.dumps(_subject(args))))
+    if not reply["ok"]:
+        return _refused(reply, args.json)
+    if args.json:
+        emit_json(reply)
+    else:
+        for line in target_table([reply["target"]]):
+            print(line)
+    return 0
 
 
 def cmd_target_list(args: argparse.Namespace) -> int:
@@ -586,16 +601,21 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     p = t.add_parser("get", help="CONTAINER's stored objective, and the one in force with where it comes from",
                      description="Request {container} on dqoes.targets.get and print the stored objective, then "
                      "the objective its worker has in force and where that comes from: the store (dqoes target "
-                     "set), which wins, or the container's dqoes.objective_s label. Exit status 1 when none is "
+                     "set), which wins, or the container's dqoes.objective_s label. With --service: the "
+                     "service's stored objective and the containers it governs. Exit status 1 when none is "
                      "stored.")
-    p.add_argument("container")
+    p.add_argument("container", nargs="?", help="the container (or give --service)")
+    p.add_argument("--service", help="a service name or label selector whose objective to read")
     p.add_argument("--nats", help=nats_help)
     add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)
     p.add_argument("--json", action="store_true", help="print the manager's JSON reply, with in_force: {node, objective_s, alpha, source} or null")
     p.set_defaults(func=cmd_target_get)
 
-    p = t.add_parser("list", help="every stored objective", description="Request dqoes.targets.list.")
+    p = t.add_parser("list", help="every stored objective, for services and containers",
+                     description="Request dqoes.targets.list and print one line per stored objective: what it "
+                     "is for, the objective (p95 0.2 s/30s for a percentile over a window), FROM (service or "
+                     "container) and where it applies.")
     p.add_argument("--nats", help=nats_help)
     add_deployment_flag(p)
     p.add_argument("--creds", help=creds_help)

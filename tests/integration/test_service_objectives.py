@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
+import subprocess
+import sys
 import time
 
 import orjson
@@ -69,6 +72,11 @@ async def _until(what, check, timeout_s: float = 30.0):
         await asyncio.sleep(0.1)
 
 
+def dqoes(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
 def test_a_service_objective_governs_present_and_future_replicas(stack):
     async def go():
         bus = await Bus.connect(stack.url, "service-objectives")
@@ -119,6 +127,24 @@ def test_a_service_objective_governs_present_and_future_replicas(stack):
             assert kinds[(SERVICE, None)]["containers"] == ["api-1", "api-3"]
             got = await _request(bus, subjects.TARGETS_GET, {"service": SERVICE})
             assert got["ok"] and got["target"]["objective_s"] == 60.0
+
+            # The CLI shows both kinds and where each comes from.
+            r = await asyncio.to_thread(dqoes, "target", "list", "--nats", stack.url)
+            assert r.returncode == 0, r.stderr
+            header, *lines = r.stdout.splitlines()
+            assert header.split() == ["FOR", "OBJECTIVE", "ALPHA", "FROM", "WHERE", "REVISION"]
+            assert lines[0].split()[:5] == [SERVICE, "p90", "60", "s/120s", "default"]
+            assert "service" in lines[0] and "api-1, api-3" in lines[0]
+            assert lines[1].split()[:5] == ["api-2", "45", "s", "default", "container"]
+            r = await asyncio.to_thread(dqoes, "status", "--nats", stack.url)
+            assert r.returncode == 0, r.stderr
+            row = next(line for line in r.stdout.splitlines() if " api-3 " in f" {line} ")
+            assert "p90 60 s/120s" in row and f"service {SERVICE}" in row
+            r = await asyncio.to_thread(dqoes, "target", "get", "--service", SERVICE, "--nats", stack.url, "--json")
+            assert r.returncode == 0 and json.loads(r.stdout)["target"]["percentile"] == 90, r.stderr
+            r = await asyncio.to_thread(dqoes, "target", "set", "--service", SERVICE, "60", "--percentile", "100",
+                                        "--nats", stack.url)
+            assert r.returncode != 0 and "percentile" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
             cleared = await _request(bus, subjects.TARGETS_CLEAR, {"service": SERVICE})
             assert cleared["ok"] and cleared["containers"] == ["api-1", "api-3"], cleared
