@@ -14,11 +14,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import streamlit as st
 
 from dashboard import access, forms, views
 from dashboard.data import RunData, load_timeline, rows_from_bytes, run_from_rows
 from dashboard.live import CONNECTED, UNREACHABLE, Collector, Snapshot, registered
+from shared import subjects
 from shared.auth import redact
 
 log = logging.getLogger(__name__)
@@ -232,19 +234,24 @@ def objective_form(col: Any, coll: Collector | None, labels: Sequence[str]) -> N
             else (choices[0] if choices else None)
         )
         container = st.text_input("container", placeholder="c01")
-        objective = st.text_input("objective (seconds per batch)", placeholder="30")
+        service = st.text_input("service (instead of a container: every replica, present and future)",
+                                placeholder="api, or app=api")
+        objective = st.text_input("objective (seconds per batch, or at the percentile)", placeholder="30")
         alpha = st.text_input("alpha (optional, 0 < alpha < 1)", placeholder="node default")
+        percentile = st.text_input("percentile (optional, 0 < p < 100)", placeholder="per batch")
+        window = st.text_input("window in seconds (optional, with a percentile)", placeholder="the source's")
         buttons = st.columns(2)
         sent = buttons[0].form_submit_button("Set objective")
         clear = buttons[1].form_submit_button("Clear objective")
     to = list(labels) if target == all_label else ([str(target)] if target else [])
     if sent:
         send = coll.request_target if coll is not None else None
-        replies = forms.submit(container, objective, alpha, to, send)
+        replies = forms.submit(container, objective, alpha, to, send, service=service, percentile=percentile,
+                               window_s=window)
         st.session_state["objective_reply"] = replies
     elif clear:
         send_clear = coll.request_clear if coll is not None else None
-        st.session_state["objective_reply"] = forms.submit_clear(container, to, send_clear)
+        st.session_state["objective_reply"] = forms.submit_clear(container, to, send_clear, service)
     for label, reply in st.session_state.get("objective_reply", []):
         where = f"{label}: " if label and len(labels) > 1 else ""
         if reply.get("answered") is False:  # checked here, or never reached a manager
@@ -255,3 +262,23 @@ def objective_form(col: Any, coll: Collector | None, labels: Sequence[str]) -> N
         else:
             col.error(where + forms.describe_reply(reply))
             col.json(reply)
+    stored_objectives(col, coll, labels)
+
+
+def stored_objectives(col: Any, coll: Collector | None, labels: Sequence[str]) -> None:
+    """Every stored objective of each cluster (`dqoes.targets.list`): for services and for containers."""
+    if coll is None or not labels:
+        return
+    col.subheader("Stored objectives")
+    for label in labels:
+        reply = coll.request_target(label, {}, timeout_s=1.0, subject=subjects.TARGETS_LIST)
+        where = f"{label}: " if len(labels) > 1 else ""
+        if not reply.get("ok"):
+            col.caption(where + str(reply.get("error")))
+        elif not reply.get("targets"):
+            col.caption(where + "no objectives stored")
+        else:
+            if where:
+                col.caption(where)
+            col.dataframe(pd.DataFrame(forms.targets_rows(reply["targets"]), columns=list(forms.TARGET_COLUMNS)),
+                          hide_index=True)

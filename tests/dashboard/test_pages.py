@@ -298,6 +298,23 @@ def test_live_page_shows_the_cluster_and_the_form_talks_to_its_manager(monkeypat
         time.sleep(0.3)
         assert [orjson.loads(m) for m in tap.messages] == [{"container": "c3"}, {"container": "c3"}]
 
+    # A service objective at a percentile: set through the form, shown with its kind, cleared.
+    field(at, "service").input("dqoes.model=small")
+    field(at, "percentile").input("95")
+    field(at, "window").input("30")
+    submit(at, "", "30")
+    (ok,) = texts(at.success)
+    assert ok.startswith("objective for service dqoes.model=small: p95 30 s over 30 s (governs"), ok
+    stored = next(d.value for d in at.dataframe if "from" in d.value.columns)
+    assert list(stored["for"]) == ["dqoes.model=small"] and list(stored["from"]) == ["service"]
+    assert list(stored["objective"]) == ["p95 30 s over 30 s"]
+    next(b for b in at.button if b.label == "Clear objective").click()
+    at.run()
+    (ok,) = texts(at.success)
+    assert ok.startswith("objective for service dqoes.model=small cleared")
+    for name in ("service", "percentile", "window"):
+        field(at, name).input("")
+
 
 @pytest.fixture(scope="module")
 def default_stack(tmp_path_factory, small_stack):
@@ -313,10 +330,10 @@ def test_twin_runs_side_by_side_on_the_same_axes(monkeypatch, small_stack, defau
     at = app(monkeypatch, sources=f"dqoes={small_stack.url},default={default_stack.url}")
     rerun_until(at, lambda a: len(a.metric) == 2)
     assert [m.label for m in at.metric] == ["DQoES: met", "default Swarm: met"]
-    headline, form = texts(at.subheader)
+    headline, form, stored = texts(at.subheader)
     assert headline.startswith("DQoES met ") and " of 6 objectives, default Swarm " in headline
     assert "; in band " in headline
-    assert form == "Set or clear an objective"
+    assert (form, stored) == ("Set or clear an objective", "Stored objectives")
     charts = specs(at)
     assert len(charts) == 9  # both runs on one axis, then four figures each side by side
     assert [len(c["hconcat"]) for c in charts[:1]] == [2]  # the runs figure: counts, CPU split
