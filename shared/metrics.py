@@ -66,6 +66,7 @@ class ManagerCounters:
     objectives_stored: int
     bus_dropped: int
     bus_refused_replies: int = 0
+    service_objectives_stored: int = 0
 
 
 def _bool(x: bool | None) -> float | None:
@@ -137,7 +138,18 @@ class WorkerCollector(Collector):
                 "dqoes_container_managed", "1 if the container has an objective and is controlled.",
                 labels=labels)),
         }
+        kinds = GaugeMetricFamily(
+            "dqoes_container_objective_info", "1 for each governed container: its objective's kind (batch: "
+            "seconds per batch; p95: a percentile over window_s) and where it comes from (container, service, "
+            "label), with the service's selector.", labels=["node", "container", "kind", "window_s", "from", "service"])
         for cs in ns.containers:
+            if cs.managed and cs.objective_s is not None:
+                source = ("label" if cs.objective_source == "label" else
+                          "service" if cs.objective_selector else
+                          "container" if cs.objective_source == "target" else "")
+                kinds.add_metric([node, cs.container, "batch" if cs.percentile is None else f"p{cs.percentile:g}",
+                                  "" if cs.window_s is None else f"{cs.window_s:g}", source,
+                                  cs.objective_selector or ""], 1.0)
             lv = [node, cs.container, cs.model or ""]
             values: dict[str, Any] = {
                 "latency": cs.latency_s, "objective": cs.objective_s,
@@ -150,6 +162,7 @@ class WorkerCollector(Collector):
                 if values[key] is not None:
                     fam.add_metric(lv, float(values[key]))
         yield from (fam for _, fam in per.values())
+        yield kinds
         classes = GaugeMetricFamily("dqoes_node_containers", "Containers on this node per class "
                                     "(G, S, B, pending: no batch yet, unmanaged: no objective).",
                                     labels=["node", "class"])
@@ -201,6 +214,10 @@ class ManagerCollector(Collector):
         stored = GaugeMetricFamily("dqoes_objectives_stored", "Objectives in the key-value store.")
         stored.add_metric([], c.objectives_stored)
         yield stored
+        services = GaugeMetricFamily("dqoes_service_objectives_stored",
+                                     "Of those, objectives for services (every matching container).")
+        services.add_metric([], c.service_objectives_stored)
+        yield services
         cs = self.cluster()
         nodes = GaugeMetricFamily("dqoes_cluster_nodes", "Nodes whose worker reported recently.")
         nodes.add_metric([], len(cs.nodes))

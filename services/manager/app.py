@@ -94,6 +94,7 @@ async def run(cfg: ManagerConfig, *, started: asyncio.Event | None = None) -> in
         metrics.register(ManagerCollector(lambda: latest[0], lambda: ManagerCounters(
             accepted=mgr.accepted, rejected=mgr.rejected, cleared=mgr.cleared,
             objectives_stored=len(mgr.objectives) + len(mgr.services), bus_dropped=bus.dropped,
+            service_objectives_stored=len(mgr.services),
             bus_refused_replies=bus.refused_replies)))
         try:
             log.info("metrics on %s", metrics.start(cfg.metrics_port, cfg.metrics_addr))

@@ -94,6 +94,9 @@ def test_worker_metrics_match_its_node_state(stack):
     objectives = {c.container: c.objective_s for c in ns.containers}
     assert per_container(m, "dqoes_container_objective_seconds") == objectives
     assert objectives["c01"] == 75.0
+    kinds = {dict(k)["container"]: (dict(k)["kind"], dict(k)["from"], dict(k)["service"])
+             for k in m["dqoes_container_objective_info"]}
+    assert kinds == {c.container: ("batch", "label", "") for c in ns.containers if c.managed}
     assert limits, "the worker exports no limit"
     met = per_container(m, "dqoes_container_met")
     assert met == {c.container: float(c.met) for c in ns.containers if c.met is not None}
@@ -158,6 +161,7 @@ def test_manager_metrics_count_targets_and_sum_the_cluster(stack):
     results = {dict(k)["result"]: v for k, v in m["dqoes_target_requests_total"].items()}
     assert results == {"accepted": 1.0, "rejected": 1.0, "cleared": 0.0}
     assert m["dqoes_objectives_stored"][()] == 1.0
+    assert m["dqoes_service_objectives_stored"][()] == 0.0
     assert m["dqoes_cluster_nodes"][()] == 1.0
     per_node = {dict(k)["class"]: v for k, v in m["dqoes_cluster_node_containers"].items()}
     assert sum(per_node.values()) == 10

@@ -15,9 +15,11 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from services.cli.stack import Stack, StackSpec
 from shared import subjects
@@ -47,7 +49,7 @@ def scenario():
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    s = Stack(StackSpec(scenario(), time_scale=TIME_SCALE, start_delay_s=0.5, state_interval_s=0.3),
+    s = Stack(StackSpec(scenario(), time_scale=TIME_SCALE, start_delay_s=0.5, state_interval_s=0.3, metrics=True),
               run_dir=tmp_path_factory.mktemp("service-objectives"))
     with s:
         yield s
@@ -70,6 +72,21 @@ async def _until(what, check, timeout_s: float = 30.0):
             return got
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         await asyncio.sleep(0.1)
+
+
+def scrape(url: str) -> dict[str, dict[tuple, float]]:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, dict[tuple, float]] = {}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def objective_kinds(url: str) -> dict[str, tuple[str, str, str, str]]:
+    rows = scrape(url).get("dqoes_container_objective_info", {})
+    return {d["container"]: (d["kind"], d["window_s"], d["from"], d["service"]) for d in map(dict, rows)}
 
 
 def dqoes(*args: str) -> subprocess.CompletedProcess:
@@ -127,6 +144,14 @@ def test_a_service_objective_governs_present_and_future_replicas(stack):
             assert kinds[(SERVICE, None)]["containers"] == ["api-1", "api-3"]
             got = await _request(bus, subjects.TARGETS_GET, {"service": SERVICE})
             assert got["ok"] and got["target"]["objective_s"] == 60.0
+
+            # The metrics say each objective's kind and where it comes from.
+            kinds = await asyncio.to_thread(objective_kinds, stack.metrics_urls["worker-1"])
+            assert kinds["api-1"] == kinds["api-3"] == ("p90", "120", "service", SERVICE)
+            assert (kinds["api-2"], kinds["other"]) == (("batch", "", "container", ""), ("batch", "", "label", ""))
+            stored = await asyncio.to_thread(scrape, stack.metrics_urls["manager"])
+            assert stored["dqoes_service_objectives_stored"][()] == 1.0
+            assert stored["dqoes_objectives_stored"][()] == 2.0
 
             # The CLI shows both kinds and where each comes from.
             r = await asyncio.to_thread(dqoes, "target", "list", "--nats", stack.url)
