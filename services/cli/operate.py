@@ -130,12 +130,13 @@ def objective_text(objective_s: float | None, percentile: float | None, window_s
 
 
 def objective_from(r: ContainerInfo) -> str:
-    """Where a container's objective comes from: `container` (its own, stored), `service api`, `label`."""
+    """Where a container's objective comes from: `target` (its own, stored), `service api` (its service's,
+    stored), `label` (its dqoes.objective_s label)."""
     if r.objective_source is None:
         return "-"
     if r.objective_source == "label":
         return "label"
-    return f"service {r.objective_selector}" if r.objective_selector else "container"
+    return f"service {r.objective_selector}" if r.objective_selector else "target"
 
 
 def container_table(rows: list[ContainerInfo], now: float) -> list[str]:
