@@ -332,7 +332,10 @@ def in_force(row: ContainerInfo | None) -> dict[str, Any] | None:
     """The objective a container's worker has in force and where it comes from, or None."""
     if row is None or row.objective_s is None:
         return None
-    return {"node": row.node, "objective_s": row.objective_s, "alpha": row.alpha, "source": row.objective_source}
+    out = {"node": row.node, "objective_s": row.objective_s, "alpha": row.alpha, "source": row.objective_source}
+    # A service's or a percentile objective says so; a container's own per-batch one reads as before.
+    extra = {"service": row.objective_selector, "percentile": row.percentile, "window_s": row.window_s}
+    return out | {k: v for k, v in extra.items() if v is not None}
 
 
 SOURCES = {"target": "from the objective store (dqoes target set)",
@@ -364,7 +367,10 @@ def cmd_target_get(args: argparse.Namespace) -> int:
     else:
         print(f"refused: {reply['error']}", file=sys.stderr)
     if force is not None:
-        print(f"in force on {force['node']}: {force['objective_s']:g} s, {SOURCES.get(force['source'])}")
+        origin = (f"from the objective stored for service {force['service']}" if force.get("service")
+                  else SOURCES.get(force["source"]))
+        print(f"in force on {force['node']}: "
+              f"{objective_text(force['objective_s'], force.get('percentile'), force.get('window_s'))}, {origin}")
     elif row is not None:
         print(f"in force on {row.node}: no objective (unmanaged)")
     return 0 if reply["ok"] else 1

@@ -165,6 +165,10 @@ def test_a_service_objective_governs_present_and_future_replicas(stack):
             assert r.returncode == 0, r.stderr
             row = next(line for line in r.stdout.splitlines() if " api-3 " in f" {line} ")
             assert "p90 60 s/120s" in row and f"service {SERVICE}" in row
+            r = await asyncio.to_thread(dqoes, "target", "get", "api-3", "--nats", stack.url)
+            assert r.returncode == 1 and "no objective stored for 'api-3'" in r.stderr  # none of its own
+            assert (f"in force on worker-1: p90 60 s/120s, from the objective stored for service {SERVICE}"
+                    in r.stdout), r.stdout
             r = await asyncio.to_thread(dqoes, "target", "get", "--service", SERVICE, "--nats", stack.url, "--json")
             assert r.returncode == 0 and json.loads(r.stdout)["target"]["percentile"] == 90, r.stderr
             r = await asyncio.to_thread(dqoes, "target", "set", "--service", SERVICE, "60", "--percentile", "100",
