@@ -85,6 +85,14 @@ def test_a_worker_limits_a_process_by_its_scraped_percentile(nats_url, cgroups, 
             scraped = poller.status["lat-1"].latency_s
             assert mine.cls is not None and mine.cls.value == "B" and mine.met is False, mine
             assert mine.latency_s == pytest.approx(scraped), (mine, poller.status["lat-1"])
+            assert mine.request_rate_per_s is not None and mine.request_rate_per_s >= 0, mine  # beside it
+            # a percentile objective: its percentile and window drive the scrape, not the labels'
+            worker.on_objective(ObjectiveAssign(container="lat-1", objective_s=0.02, revision=2, percentile=50.0,
+                                                window_s=2.0))
+            assert "latency of lat-1: prometheus source" in caplog.text and "p50 every 2 s" in caplog.text
+            await asyncio.sleep(2.5)
+            (mine,) = [s for s in worker.node_state().containers if s.container == "lat-1"]
+            assert (mine.percentile, mine.window_s, mine.objective_s) == (50.0, 2.0, 0.02), mine
             # its endpoint stops answering: stale, limit kept, one line; then it answers again
             get(f"http://127.0.0.1:{port}/mode?page=empty")
             for _ in range(50):
