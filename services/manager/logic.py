@@ -345,7 +345,7 @@ class Manager:
         return orjson.dumps({"ok": True, "target": to_json_obj(self.stored(o))})
 
     def on_list(self, payload: bytes) -> bytes:
-        """`dqoes.targets.list`: {"ok": true, "targets": [...]} sorted by container."""
+        """`dqoes.targets.list`: {"ok": true, "targets": [...]}: services by selector, then containers by name."""
         try:
             parse_empty_request(payload, "list")
         except SchemaError as e:
