@@ -144,6 +144,10 @@ async def test_objectives_survive_manager_worker_and_nats_restarts(tmp_path):
         for c, o in wanted.items():
             r = parse_target_reply(await bus.request(subjects.TARGETS, orjson.dumps({"container": c, "objective": o})))
             assert r["ok"], r
+        # and one for a service (every ResNet-50 without its own): it survives the restarts too
+        r = parse_target_reply(await bus.request(subjects.TARGETS, orjson.dumps(
+            {"service": "dqoes.model=resnet50", "objective": 60.0, "percentile": 90, "window_s": 100})))
+        assert r["ok"], r
         await bus.close()
 
         # Manager and worker both restart: the worker forgets, the manager re-reads the bucket.
@@ -156,12 +160,14 @@ async def test_objectives_survive_manager_worker_and_nats_restarts(tmp_path):
         await wait_for(lambda: "worker-1" in latest and all(
             any(x.container == c and x.objective_s == o for x in latest["worker-1"].containers)
             for c, o in wanted.items()), timeout_s=30)
+        await wait_for(lambda: sum(x.objective_s == 60.0 and x.percentile == 90.0 and x.container not in wanted
+                                   for x in latest["worker-1"].containers) == 7, timeout_s=30)
         await bus.close()
 
         # The NATS server itself restarts on the same store: the bucket is on disk.
         stack.nats.restart()
         stored = await wait_for_async(lambda: kv_objectives(stack.url_for("store")))
-        assert {k: v["objective_s"] for k, v in stored.items()} == wanted
+        assert {k: v["objective_s"] for k, v in stored.items()} == {**wanted, "_service/dqoes.model=resnet50": 60.0}
         no_tracebacks(stack)
 
 
