@@ -13,7 +13,8 @@ the worker (its supervisor restarts it), SIGKILL to the worker (likewise), and a
 each: the new worker's first state shows the limits in force before (it adopted them), the engine's
 quota never moved between the kill and the new worker's first round, that round starts from those limits
 (every container's old_limit), the engine then holds what the round decided, and the worker's state shows
-every objective again. Then one node is removed as docs/guide/install.md says: `on_stop = "restore"`,
+every objective again. The control plane's restart moves no limit either, and the nodes come back with
+their objectives. Then one node is removed as docs/guide/install.md says: `on_stop = "restore"`,
 a restart, a stop, `dqoes node revoke`; its containers are back to no limit, the other node's keep theirs.
 """
 
@@ -299,6 +300,22 @@ def test_a_rolling_restart_keeps_objectives_and_limits_and_removing_a_node_resto
             for k in nodes:  # rolling: one node after the other
                 rounds.append(restart(k, how))
         print("\n".join(map(str, rounds)))
+
+        # The control plane restarted (systemctl restart): the nodes reconnect, the limits do not move meanwhile.
+        held = {n: feed.quota_cores(n) for k in nodes for n in names[k]}
+        t_cp = time.monotonic()
+        assert cp.stop() == 0
+        cp = Role(cp.argv, cp.state, cp.out).start()
+        cp.wait_for("control plane: ready", count=2)
+        t_ready = time.monotonic()
+        for k, node in nodes.items():
+            wait(f"{node}: no state with its objectives after the control plane's restart",
+                 lambda node=node: [s for _, s in feed.states(node, t_ready) if objectives_in_force(s)],
+                 timeout_s=60, logs=log_of(k))
+        t_back = time.monotonic()
+        for name, cores in held.items():
+            moved = [q for q in feed.quotas(name, t_cp, t_back) if not same(q, cores)]
+            assert not moved, ("control plane restart", name, cores, moved)
 
         # Remove node b as the guide says: restore on stop, restart, stop, revoke.
         kept_a = {n: feed.quota_cores(n) for n in names["a"]}
