@@ -120,3 +120,17 @@ def test_a_node_keeps_its_limits_when_stopped_unless_told_to_restore(tmp_path, m
     monkeypatch.setenv("DQOES_ON_STOP", "forget")
     with pytest.raises(CliError, match="'forget' is not one of keep, restore"):
         hostconfig.resolve(_parser("node").parse_args([]), "node")
+
+
+@pytest.mark.parametrize("flags", [[], ["--on-stop", "restore", "--require-node-label"]])
+def test_the_node_role_hands_its_worker_the_stop_mode_and_the_label_rule(tmp_path, monkeypatch, flags):
+    from services.cli import serve
+    from services.worker.__main__ import parse
+
+    _clean(monkeypatch)
+    cfg = hostconfig.resolve(_parser("node").parse_args(["--runtime", "docker", *flags]), "node")
+    argv = serve._worker_args(tmp_path, "n1", "nats://a:4222,nats://b:4222", cfg)
+    assert argv[:2] == ["-m", "services.worker"]
+    worker = parse(argv[2:])
+    assert (worker.on_stop, worker.require_node_label) == (("restore", True) if flags else ("keep", False))
+    assert worker.nats_url == "nats://a:4222,nats://b:4222"
