@@ -11,7 +11,12 @@ takes one role, or both:
   revoke` sends it).
 - node: this host's worker, with the credentials it made when it joined
   (`dqoes join`), on any runtime (docker: only the containers with the
-  project's label on this host's engine).
+  project's label on this host's engine), connected to the control plane's
+  NATS URL or list of URLs (one per server of a cluster). Stopping the role
+  (`systemctl stop` or `restart`) keeps the containers' limits by default
+  (`on_stop = "keep"`): a restarted worker adopts the limits it finds, so a
+  rolling restart for an upgrade changes no limit; `on_stop = "restore"`
+  gives the containers back the limits they had before.
 
 The processes are a `Stack` (services/cli/stack.py), so supervision is the
 same code as `dqoes up`'s: a child that dies is restarted with a backoff, a
@@ -206,7 +211,9 @@ def _worker_args(root: Path, node: str, url: str, cfg: dict[str, Any]) -> list[s
     if cfg["policy"] not in registry.names():
         raise CliError(f"node: unknown policy {cfg['policy']!r} (policies: {', '.join(registry.names())})")
     args = ["-m", "services.worker", "--nats", url, "--node", node, "--policy", cfg["policy"],
-            "--runtime", cfg["runtime"], "--state-dir", str(root)]
+            "--runtime", cfg["runtime"], "--state-dir", str(root), "--on-stop", cfg["on_stop"]]
+    if cfg["require_node_label"]:
+        args.append("--require-node-label")
     if cfg["runtime"] == "sim":
         args += ["--scenario", cfg["scenario"], "--time-scale", str(cfg["time_scale"]),
                  "--start-at", repr(time.time() + 1.0)]
