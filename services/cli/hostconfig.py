@@ -74,6 +74,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node", "cores", float, "DQOES_CORES", None, "docker/cgroup: the node's cores (default: all)"),
     Setting("node", "scenario", str, "DQOES_SCENARIO", None, "sim: built-in scenario or file"),
     Setting("node", "time_scale", float, "DQOES_TIME_SCALE", 1.0, "sim: scenario seconds per wall second"),
+    Setting("node", "join_token_file", str, "DQOES_JOIN_TOKEN_FILE", None,
+            "read the join token from this file (a Docker secret: /run/secrets/NAME) instead of join_token"),
+    Setting("node", "apps_creds", str, "DQOES_APPS_CREDS", None,
+            "also write this node's inference credentials to this file, for the application containers "
+            "of this host to mount (the worker's own stay in the state directory)"),
 )
 
 SECTIONS = ("control_plane", "node")
