@@ -16,6 +16,7 @@ labelled pure-Python CPU burner on every node) and objectives. Asserted:
   refuses it (a permissions violation), while its own subjects pass;
 - an objective set once on the service (a container label, one
   `docker service update`) is applied on every node by that node's worker;
+- a replaced worker task reuses its host's keys, with no second join;
 - `dqoes node revoke` cuts one node's worker off (the server refuses its
   identity, its state stops arriving) while the other nodes carry on;
 - a node removed from the Swarm leaves the others running.
@@ -262,6 +263,24 @@ def test_a_plain_container_on_the_network_is_governed_by_its_nodes_worker(stack:
         assert rows[name]["node"] == e.name, rows
     finally:
         e.docker("rm", "-f", name, check=False)
+
+
+def test_a_restarted_worker_task_reuses_its_identity_without_joining_again(stack: Stack) -> None:
+    """Every worker task replaced (`docker service update --force`): each new task finds its host's keys
+    and reports again, though the token is used up; the registry keeps the same keys."""
+    engs = stack.cluster.engines
+    joined = json.loads(stack.dqoes("node", "list", "--json"))["nodes"]
+    old = {e.name: task_of(e, f"{STACK}_worker") for e in engs}
+    t0 = time.time()
+    stack.docker("service", "update", "--detach", "--force", f"{STACK}_worker")
+    new = wait_for(lambda: (lambda t: t if all(t[e.name] not in (None, old[e.name]) for e in engs) else None)(
+        {e.name: task_of(e, f"{STACK}_worker") for e in engs}), 90, "a new worker task on every engine")
+    for e in engs:
+        wait_for(lambda e=e: "are reused" in e.docker("logs", new[e.name]), 60,
+                 f"the new worker task on {e.name} reuses its keys")
+    wait_for(lambda: all(float(v["at"]) > t0 for v in stack.status()["nodes"].values())
+             and len(stack.status()["nodes"]) == len(engs), 60, "every node's new worker reports")
+    assert json.loads(stack.dqoes("node", "list", "--json"))["nodes"] == joined
 
 
 def test_revoking_a_node_cuts_its_worker_off_while_the_others_carry_on(stack: Stack) -> None:
