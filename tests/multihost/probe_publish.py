@@ -19,7 +19,7 @@ from shared.bus import Bus, BusError
 async def main(subjects: list[str]) -> None:
     creds = os.environ["DQOES_NATS_CREDS"]
     try:
-        bus = await Bus.connect(auth.resolve("nats://nats:4222", creds), "probe", connect_timeout_s=10.0)
+        bus = await Bus.connect(auth.resolve("nats://nats:4222", creds), "probe", connect_timeout_s=4.0)
     except BusError as e:
         print(json.dumps({"identity": auth.load(creds).identity, "error": str(e)}))
         return

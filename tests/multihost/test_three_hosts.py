@@ -266,20 +266,19 @@ def test_a_plain_container_on_the_network_is_governed_by_its_nodes_worker(stack:
 
 
 def test_a_restarted_worker_task_reuses_its_identity_without_joining_again(stack: Stack) -> None:
-    """Every worker task replaced (`docker service update --force`): each new task finds its host's keys
-    and reports again, though the token is used up; the registry keeps the same keys."""
-    engs = stack.cluster.engines
+    """A node's worker task killed: Swarm starts a new one there, which finds its host's keys and reports
+    again, though the token is used up; the registry keeps the same keys."""
+    e = stack.cluster.engines[1 % len(stack.cluster.engines)]
     joined = json.loads(stack.dqoes("node", "list", "--json"))["nodes"]
-    old = {e.name: task_of(e, f"{STACK}_worker") for e in engs}
+    old = task_of(e, f"{STACK}_worker")
+    assert old
     t0 = time.time()
-    stack.docker("service", "update", "--detach", "--force", f"{STACK}_worker")
-    new = wait_for(lambda: (lambda t: t if all(t[e.name] not in (None, old[e.name]) for e in engs) else None)(
-        {e.name: task_of(e, f"{STACK}_worker") for e in engs}), 90, "a new worker task on every engine")
-    for e in engs:
-        wait_for(lambda e=e: "are reused" in e.docker("logs", new[e.name]), 60,
-                 f"the new worker task on {e.name} reuses its keys")
-    wait_for(lambda: all(float(v["at"]) > t0 for v in stack.status()["nodes"].values())
-             and len(stack.status()["nodes"]) == len(engs), 60, "every node's new worker reports")
+    e.docker("rm", "-f", old)
+    new = wait_for(lambda: (lambda t: t if t not in (None, old) else None)(task_of(e, f"{STACK}_worker")), 60,
+                   f"a new worker task on {e.name}")
+    wait_for(lambda: "are reused" in e.docker("logs", new), 30, f"the new worker task on {e.name} reuses its keys")
+    wait_for(lambda: float(stack.status()["nodes"].get(e.name, {}).get("at", 0)) > t0, 60,
+             f"the new worker of {e.name} reports")
     assert json.loads(stack.dqoes("node", "list", "--json"))["nodes"] == joined
 
 
@@ -296,9 +295,9 @@ def test_revoking_a_node_cuts_its_worker_off_while_the_others_carry_on(stack: St
         """When each node's last state was made (the manager's summary: its node's `at`)."""
         return {k: float(v["at"]) for k, v in stack.status()["nodes"].items()}
 
-    time.sleep(2 * ROUND_S)  # a state the revoked worker sent just before the reload is counted as its last
+    time.sleep(ROUND_S)  # a state the revoked worker sent just before the reload is counted as its last
     before = rounds()
-    time.sleep(4 * ROUND_S)
+    time.sleep(3 * ROUND_S)
     after = rounds()
     assert after.get(gone.name) in (None, before.get(gone.name)), (before, after)  # no state from it any more
     for e in engs[:-1]:
