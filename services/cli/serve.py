@@ -162,7 +162,7 @@ def cmd_node(args: argparse.Namespace) -> int:
     root, lock = _hold(hosts.role_dir(cfg, hosts.NODE))
     try:
         record = hosts.read_record(root)
-        token = cfg["join_token"] or _token_from_file(cfg["join_token_file"])
+        token = (cfg["join_token"] or _token_from_file(cfg["join_token_file"])) if record is None else None
         if record is None and token:
             if not cfg["control_plane"]:
                 raise CliError("node: a join token needs the control plane's URL (node.control_plane, "
