@@ -289,7 +289,6 @@ def test_revoking_a_node_cuts_its_worker_off_while_the_others_carry_on(stack: St
     assert "reloaded its authorization" in out, out
     refused = probe(gone, worker_creds(gone.name), [f"dqoes.state.{gone.name}"])
     assert "authorization violation" in refused.get("error", "").lower(), refused
-    assert gone.name not in json.loads(stack.dqoes("node", "list", "--json"))["nodes"]
 
     def rounds() -> dict[str, float]:
         """When each node's last state was made (the manager's summary: its node's `at`)."""
@@ -302,9 +301,6 @@ def test_revoking_a_node_cuts_its_worker_off_while_the_others_carry_on(stack: St
     assert after.get(gone.name) in (None, before.get(gone.name)), (before, after)  # no state from it any more
     for e in engs[:-1]:
         assert after[e.name] > before[e.name], (e.name, before, after)  # the others' keep arriving
-    # The other nodes' identities still pass.
-    ok = probe(engs[0], worker_creds(engs[0].name), [f"dqoes.state.{engs[0].name}"])
-    assert "error" not in ok and not ok["refused"], ok
 
 
 def test_removing_a_node(stack: Stack) -> None:
