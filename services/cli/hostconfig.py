@@ -62,7 +62,8 @@ SETTINGS: tuple[Setting, ...] = (
             "the NATS URL nodes are told to join (default nats://<listen>:<port>)"),
     Setting("control_plane", "accept_joins", bool, "DQOES_ACCEPT_JOINS", True,
             "answer join requests (anonymous connections may then publish a join request, nothing else)"),
-    Setting("node", "name", str, "DQOES_NODE", None, "this node's name (default: the host name)"),
+    Setting("node", "name", str, "DQOES_NODE", None,
+            "this node's name (default: the host name; docker runtime: the engine's, `docker info` Name)"),
     Setting("node", "control_plane", str, "DQOES_CONTROL_PLANE", None,
             "the control plane's NATS URL, or a comma-separated list of its NATS servers' URLs (default: what "
             "`dqoes join` recorded)"),
@@ -81,6 +82,11 @@ SETTINGS: tuple[Setting, ...] = (
             "containers had before", ("keep", "restore")),
     Setting("node", "require_node_label", bool, "DQOES_REQUIRE_NODE_LABEL", False,
             "docker: govern only containers labelled dqoes.node=<name> (several nodes on one engine)"),
+    Setting("node", "join_token_file", str, "DQOES_JOIN_TOKEN_FILE", None,
+            "read the join token from this file (a Docker secret: /run/secrets/NAME) instead of join_token"),
+    Setting("node", "apps_creds", str, "DQOES_APPS_CREDS", None,
+            "also write this node's inference credentials to this file, for the application containers "
+            "of this host to mount (the worker's own stay in the state directory)"),
 )
 
 SECTIONS = ("control_plane", "node")
