@@ -86,7 +86,7 @@ class LearnedPolicy(PolicyBase):
             c = Curve()
             prior = self.curve_of(name) if self.settings.sharing.use_prior else None
             if prior is not None:
-                c.theta_mean, c.theta_sd = prior_theta(prior), PRIOR_THETA_SD
+                c.prior.theta_mean, c.prior.theta_sd = prior_theta(prior), PRIOR_THETA_SD
                 c.sat_cores = float(prior.threads)
             self.curves[name] = c
         return c
@@ -110,7 +110,7 @@ class LearnedPolicy(PolicyBase):
         busy = sum(v.cpu_share or 0.0 for v in view.containers)
         for v in view.containers:
             curve = self.curve(v.name)
-            curve.workload = v.workload or curve.workload
+            curve.node.workload = v.workload or curve.node.workload
             curve.steps = v.follows_limit and share.thread_steps
             if share.spell_guard:
                 note_recent(v, curve, cores)
@@ -123,14 +123,14 @@ class LearnedPolicy(PolicyBase):
             pool_slopes(self.curves, own)
         else:  # turned off at runtime: no curve keeps the node's prior it had
             for c in self.curves.values():
-                if c.k_node is not None:
-                    c.k_node, c.fit = None, None
+                if c.node.k is not None:
+                    c.node.k, c.fit = None, None
         if share.pool_work:
             pool_heights(self.curves, own)
         else:
             for c in self.curves.values():
-                if c.height_node is not None:
-                    c.height_node, c.fit = None, None
+                if c.node.height is not None:
+                    c.node.height, c.fit = None, None
 
     def decide(self, view: NodeView) -> Decision:
         """One round: learn from the batches since the last, plan every limit, keep those the guards
@@ -164,7 +164,7 @@ class LearnedPolicy(PolicyBase):
             curve.timing.expected = (None if fit is None or at is None
                                      else (at[0], OUTLIER_SD * max(fit.noise_sd, NOISE_PRIOR) + at[1]))
             curve.timing.strikes = 0
-            curve.foresight = foresee(curve, new * cores, view.now_s) if new is not None else None
+            curve.switch.foresight = foresee(curve, new * cores, view.now_s) if new is not None else None
             if new != old:
                 curve.timing.changed_at_s = view.now_s
                 lat = curve.predict_limit(new * cores)

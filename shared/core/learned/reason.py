@@ -54,7 +54,7 @@ class Reason:
         f = curve.solve()
         if f is None:
             return cls(plan.kind, chance)
-        node = curve.height_node
+        node = curve.node.height
         return cls(plan.kind, chance, FitFacts(f.k, f.noise_sd, curve.n,
                                                math.sqrt(node[2]) if node is not None else None, curve.steps))
 

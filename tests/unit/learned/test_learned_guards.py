@@ -34,9 +34,9 @@ def test_one_batch_far_off_is_held_out_and_released_down_weighted_when_the_next_
     c = settled()
     sd_before = c.noise
     take(c, X, math.log(20.0), 1.0, DECAY)
-    assert c.n == 12 and len(c.suspects) == 1 and c.noise == sd_before
+    assert c.n == 12 and len(c.watch.suspects) == 1 and c.noise == sd_before
     take(c, X, math.log(10.0), 1.0, DECAY)
-    assert c.n == 14 and not c.suspects
+    assert c.n == 14 and not c.watch.suspects
     assert math.exp(c.predict(1.0)[0]) < 11.0  # the odd batch counted little
 
 
@@ -44,7 +44,7 @@ def test_two_batches_far_off_on_one_side_restart_the_curve_from_them():
     c = settled()
     take(c, X, math.log(20.0), 1.0, DECAY)
     take(c, X, math.log(21.0), 1.0, DECAY)
-    assert c.n == 2 and c.solo and c.before is not None
+    assert c.n == 2 and c.node.solo and c.watch.before is not None
     assert math.exp(c.predict(1.0)[0]) == pytest.approx(20.5, rel=0.03)
 
 
@@ -52,7 +52,7 @@ def test_two_far_off_on_opposite_sides_are_no_drift():
     c = settled()
     take(c, X, math.log(20.0), 1.0, DECAY)
     take(c, X, math.log(5.0), 1.0, DECAY)
-    assert c.n == 13 and len(c.suspects) == 1 and c.before is None
+    assert c.n == 13 and len(c.watch.suspects) == 1 and c.watch.before is None
 
 
 def test_a_restart_is_undone_when_two_batches_land_where_the_curve_before_put_them():
@@ -61,7 +61,7 @@ def test_a_restart_is_undone_when_two_batches_land_where_the_curve_before_put_th
     take(c, X, math.log(21.0), 1.0, DECAY)
     for _ in range(2):
         take(c, X, math.log(10.0), 1.0, DECAY)
-    assert c.before is None and not c.solo
+    assert c.watch.before is None and not c.node.solo
     assert math.exp(c.predict(1.0)[0]) == pytest.approx(10.0, rel=0.03)
 
 
@@ -77,7 +77,7 @@ def test_a_spell_of_the_node_holds_a_restart_off_for_as_many_batches_as_a_restar
         take(c, X, math.log(20.0), 1.0, DECAY, float(i), spell)
         if i <= RESTART_WATCH:
             assert c.n == 12, i  # held: the node was slow alike
-    assert c.n <= 3 and c.solo  # past the watch: a drift after all
+    assert c.n <= 3 and c.node.solo  # past the watch: a drift after all
     assert asked and all(side == 1.0 for side in asked)
 
 
@@ -136,4 +136,4 @@ def test_the_outlier_threshold_is_in_standard_deviations():
     within, beyond = settled(), settled()
     take(within, X, math.log(10.0) + 0.9 * OUTLIER_SD * sd, 1.0, DECAY)
     take(beyond, X, math.log(10.0) + 1.1 * OUTLIER_SD * sd, 1.0, DECAY)
-    assert not within.suspects and len(beyond.suspects) == 1
+    assert not within.watch.suspects and len(beyond.watch.suspects) == 1

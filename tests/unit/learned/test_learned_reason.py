@@ -82,7 +82,7 @@ def test_a_reason_taken_from_a_curve_carries_its_fit_and_renders_as_before(kind,
                                                                            text):
     c = _curve(n, k=1.3 if n == 12 else 0.8, noise_sd=0.2 if n == 20 else 0.1)
     if replicas_var is not None:
-        c.height_node = (0.0, math.log(10.0), replicas_var)
+        c.node.height = (0.0, math.log(10.0), replicas_var)
     c.steps = steps
     reason = Reason.of(Plan(0.5, kind), c, chance)
     assert (reason.kind, reason.chance) == (kind, chance)
