@@ -10,7 +10,7 @@ meet their objective, then the most land in their band, then spend the least CPU
 The parts (docs/design/learned.md), each small enough to change alone:
 
 - `fit`: the curve's line in (log cores, log latency) and its noise, as a named `Fit`;
-- `curve`: one container's curve, its two memories, priors, ceiling and restart state;
+- `curve`: one container's curve, in named parts (sums, memory switch, priors, node's share, drift watch);
 - `observe`: how a finished batch becomes an observation (binding limits, warm-up, straddling);
 - `guards`: the drift watch, dead bands, uncertain steps, the node never overcommitted;
 - `pooling`: what the node's containers share (replicas' heights, slopes, spells);

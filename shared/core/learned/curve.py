@@ -1,11 +1,12 @@
 """One container's curve: the sums its fit is solved from, its priors, and what it knows of itself.
 
-A `Curve` holds two memories of its observations (a half-life in batches and a longer one in
-seconds), the priors the node gives it (slope, height), its ceiling (`sat_cores`), whether its
-threads follow its limit (`steps`), and the state of its drift watch (a restart and the curve before
-it, kept a few batches in case the move was a passing spell). It answers: the fit
-(`solve`, a `Fit`), the predicted log latency at a limit, and the least limit for a latency.
-What observations it takes, and how, is `observe`'s; when it restarts is `guards`'.
+A `Curve` holds its state in named parts: `Sums` (two memories of its observations, a half-life in
+batches and a longer one in seconds), `Switch` (which memory the fit uses), `Prior` (its own priors
+on slope and height), `NodeShare` (what the node's other containers say of it), `DriftWatch` (held-out
+batches, and the curve before a restart, kept a few batches in case the move was a passing spell) and
+`Timing`; besides them its ceiling (`sat_cores`) and whether its threads follow its limit (`steps`).
+It answers: the fit (`solve`, a `Fit`), the predicted log latency at a limit, and the least limit for
+a latency. What observations it takes, and how, is `observe`'s; when it restarts is `guards`'.
 """
 
 from __future__ import annotations

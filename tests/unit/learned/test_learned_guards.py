@@ -137,3 +137,23 @@ def test_the_outlier_threshold_is_in_standard_deviations():
     take(within, X, math.log(10.0) + 0.9 * OUTLIER_SD * sd, 1.0, DECAY)
     take(beyond, X, math.log(10.0) + 1.1 * OUTLIER_SD * sd, 1.0, DECAY)
     assert not within.watch.suspects and len(beyond.watch.suspects) == 1
+
+
+def test_a_restart_keeps_the_curve_before_it_apart_and_a_return_restores_only_the_curves_own_parts():
+    c = settled()
+    c.node.k = (1.0, 0.01)  # the node's slope: what the node says now, not part of the curve's own past
+    short, long, k_sd = c.sums.short, list(c.sums.long), c.prior.k_sd
+    c.restart()
+    old = c.watch.before
+    assert old is not None and (old.sums.short, old.sums.long, old.sums.n) == (short, long, 12)
+    assert c.sums.n == 0 and c.node.solo and c.prior.theta_sd == math.inf and c.prior.k_sd != k_sd
+    c.add(math.log(2.0), math.log(30.0), 1.0, DECAY)  # the restarted curve learns ...
+    assert (old.sums.short, old.sums.long, old.sums.n) == (short, long, 12)  # ... and the old one is untouched
+    c.node.k = (0.9, 0.02)
+    back = old.predict(1.0)
+    assert back is not None
+    c.check_back(X, back[0])
+    c.check_back(X, back[0])  # two batches in a row where the curve before put them: it was a spell
+    assert c.watch.before is None and c.fit is None
+    assert (c.sums.short, c.sums.n, c.prior.k_sd, c.node.solo) == (short, 12, k_sd, False)
+    assert c.node.k == (0.9, 0.02)  # the node's slope as it is now, not as it was
