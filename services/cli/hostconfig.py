@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from services.cli.common import CliError
 
@@ -61,9 +62,11 @@ SETTINGS: tuple[Setting, ...] = (
             "the NATS URL nodes are told to join (default nats://<listen>:<port>)"),
     Setting("control_plane", "accept_joins", bool, "DQOES_ACCEPT_JOINS", True,
             "answer join requests (anonymous connections may then publish a join request, nothing else)"),
-    Setting("node", "name", str, "DQOES_NODE", None, "this node's name (default: the host name)"),
+    Setting("node", "name", str, "DQOES_NODE", None,
+            "this node's name (default: the host name; docker runtime: the engine's, `docker info` Name)"),
     Setting("node", "control_plane", str, "DQOES_CONTROL_PLANE", None,
-            "the control plane's NATS URL (default: the one `dqoes join` recorded)"),
+            "the control plane's NATS URL, or a comma-separated list of its NATS servers' URLs (default: what "
+            "`dqoes join` recorded)"),
     Setting("node", "join_token", str, "DQOES_JOIN_TOKEN", None,
             "join with this token first if this node has not joined yet"),
     Setting("node", "runtime", str, "DQOES_RUNTIME", "docker",
@@ -74,6 +77,16 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("node", "cores", float, "DQOES_CORES", None, "docker/cgroup: the node's cores (default: all)"),
     Setting("node", "scenario", str, "DQOES_SCENARIO", None, "sim: built-in scenario or file"),
     Setting("node", "time_scale", float, "DQOES_TIME_SCALE", 1.0, "sim: scenario seconds per wall second"),
+    Setting("node", "on_stop", str, "DQOES_ON_STOP", "keep",
+            "when the role stops (systemctl stop or restart): keep the limits in force, or restore those the "
+            "containers had before", ("keep", "restore")),
+    Setting("node", "require_node_label", bool, "DQOES_REQUIRE_NODE_LABEL", False,
+            "docker: govern only containers labelled dqoes.node=<name> (several nodes on one engine)"),
+    Setting("node", "join_token_file", str, "DQOES_JOIN_TOKEN_FILE", None,
+            "read the join token from this file (a Docker secret: /run/secrets/NAME) instead of join_token"),
+    Setting("node", "apps_creds", str, "DQOES_APPS_CREDS", None,
+            "also write this node's inference credentials to this file, for the application containers "
+            "of this host to mount (the worker's own stay in the state directory)"),
 )
 
 SECTIONS = ("control_plane", "node")
@@ -110,9 +123,24 @@ def _convert(s: Setting, value: Any, where: str) -> Any:
             out = value
     except ValueError:
         raise CliError(f"{where}: {s.name}: expected {s.kind.__name__}, got {value!r}") from None
+    if s.key == "control_plane":
+        out = nats_urls(out, f"{where}: {s.name}")
     if s.choices is not None and out not in s.choices:
         raise CliError(f"{where}: {s.name}: {out!r} is not one of {', '.join(s.choices)}")
     return out
+
+
+def nats_urls(text: str, where: str) -> str:
+    """A NATS URL or a comma-separated list of them, spaces dropped; CliError naming `where` for an
+    item that is not a nats:// or tls:// URL with a host."""
+    urls = [u.strip() for u in text.split(",") if u.strip()]
+    for u in urls:
+        parts = urlsplit(u)
+        if parts.scheme not in ("nats", "tls") or not parts.hostname:
+            raise CliError(f"{where}: {u!r} is not a NATS URL (nats://HOST:PORT; several: comma-separated)")
+    if not urls:
+        raise CliError(f"{where}: no NATS URL given")
+    return ",".join(urls)
 
 
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -180,7 +208,7 @@ def resolve(args: argparse.Namespace, section: str) -> dict[str, Any]:
         flag = getattr(args, s.dest, None)
         env = os.environ.get(s.env)
         if flag is not None:
-            out[s.key] = flag
+            out[s.key] = nats_urls(flag, s.flag) if s.key == "control_plane" else flag
         elif env:
             out[s.key] = _convert(s, env, f"${s.env}")
         elif s.name in from_file:

@@ -124,7 +124,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     if record is not None and record["node"] != name:
         raise CliError(f"this host joined {record['control_plane']} as {record['node']} already "
                        f"(remove {root / hosts.NODE_RECORD} to join anew)")
-    record = hosts.join(root, args.url, args.token, name)
+    record = hosts.join(root, hostconfig.nats_urls(args.url, "dqoes join"), args.token, name)
     if args.json:
         emit_json({**record, "state_dir": str(root)})
     else:
@@ -164,7 +164,8 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     j = sub.add_parser("join", help="join this host to a control plane as a node (keys made here)",
                        description="Make this node's keys here, send their public halves with the token's proof "
                        "to the control plane, and record it for `dqoes serve node`.")
-    j.add_argument("url", help="the control plane's NATS URL (nats://HOST:4222)")
+    j.add_argument("url", help="the control plane's NATS URL (nats://HOST:4222), or its NATS servers' URLs, "
+                   "comma-separated (the node keeps the list and reconnects to a surviving server)")
     j.add_argument("--token", required=True, help="from `dqoes join-token create` on the control plane")
     hostconfig.add_flags(j, "node", only=("state_dir", "name"))
     j.add_argument("--json", action="store_true", help="one JSON object on stdout")

@@ -11,7 +11,12 @@ takes one role, or both:
   revoke` sends it).
 - node: this host's worker, with the credentials it made when it joined
   (`dqoes join`), on any runtime (docker: only the containers with the
-  project's label on this host's engine).
+  project's label on this host's engine), connected to the control plane's
+  NATS URL or list of URLs (one per server of a cluster). Stopping the role
+  (`systemctl stop` or `restart`) keeps the containers' limits by default
+  (`on_stop = "keep"`): a restarted worker adopts the limits it finds, so a
+  rolling restart for an upgrade changes no limit; `on_stop = "restore"`
+  gives the containers back the limits they had before.
 
 The processes are a `Stack` (services/cli/stack.py), so supervision is the
 same code as `dqoes up`'s: a child that dies is restarted with a backoff, a
@@ -39,6 +44,8 @@ from shared.aio import wait_event
 from shared.bus import Bus, BusError
 from shared.core import registry
 from shared.natsd import NatsServerError
+from shared.runtime.base import RuntimeFailure
+from shared.runtime.factory import default_node
 from shared.scenarios.builtin import load
 from shared.scenarios.spec import Scenario
 
@@ -160,12 +167,15 @@ def cmd_node(args: argparse.Namespace) -> int:
     root, lock = _hold(hosts.role_dir(cfg, hosts.NODE))
     try:
         record = hosts.read_record(root)
-        if record is None and cfg["join_token"]:
+        token = (cfg["join_token"] or _token_from_file(cfg["join_token_file"])) if record is None else None
+        if record is None and token:
             if not cfg["control_plane"]:
                 raise CliError("node: a join token needs the control plane's URL (node.control_plane, "
                                "--control-plane)")
-            record = hosts.join(root, cfg["control_plane"], cfg["join_token"], cfg["name"] or hosts.default_node_name())
+            record = hosts.join(root, cfg["control_plane"], token, cfg["name"] or _default_name(cfg))
             _say(f"node {record['node']}: joined {record['control_plane']}")
+        elif record is not None:
+            _say(f"node {record['node']}: joined {record['control_plane']} before; its keys in {root} are reused")
         if record is None:
             raise CliError("node: this host has not joined a control plane: run `dqoes join URL --token TOKEN` "
                            "or give a join token (node.join_token, --join-token)")
@@ -173,6 +183,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         if cfg["name"] and cfg["name"] != node:
             raise CliError(f"node: this host joined as {node}, not {cfg['name']} (revoke it and join again to rename)")
         url = cfg["control_plane"] or record["control_plane"]
+        if cfg["apps_creds"]:
+            _export_inference_creds(root, node, Path(cfg["apps_creds"]))
         stack = _node_stack(root, node, url, cfg)
         with signals_as_flag() as early:
             try:
@@ -188,6 +200,35 @@ def cmd_node(args: argparse.Namespace) -> int:
                 stack.stop()
     finally:
         os.close(lock)
+
+
+def _token_from_file(path: str | None) -> str | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip() or None
+    except OSError as e:
+        raise CliError(f"node: join token file {path}: {e.strerror or e}") from None
+
+
+def _default_name(cfg: dict[str, Any]) -> str:
+    """The name a node joins as when given none: with the docker runtime the engine's (`docker info`
+    Name, a Swarm node's hostname: in a container the hostname is the container's id), else the host's."""
+    if cfg["runtime"] != "docker":
+        return hosts.default_node_name()
+    try:
+        return default_node("docker", cfg["docker_url"])
+    except RuntimeFailure as e:
+        raise CliError(f"node: no node name given and {e}") from None
+
+
+def _export_inference_creds(root: Path, node: str, target: Path) -> None:
+    """This node's inference credentials at `target`, for its application containers to mount."""
+    source = auth.creds_path(hosts.auth_dir(root), auth.identity_name("inference", node))
+    try:
+        authfiles.write_private(target, authfiles.read_private(source))
+    except (OSError, authfiles.UnsafePathError) as e:
+        raise CliError(f"node: cannot write the inference credentials to {target}: {e}") from None
 
 
 def _node_stack(root: Path, node: str, url: str, cfg: dict[str, Any]) -> Stack:
@@ -206,7 +247,9 @@ def _worker_args(root: Path, node: str, url: str, cfg: dict[str, Any]) -> list[s
     if cfg["policy"] not in registry.names():
         raise CliError(f"node: unknown policy {cfg['policy']!r} (policies: {', '.join(registry.names())})")
     args = ["-m", "services.worker", "--nats", url, "--node", node, "--policy", cfg["policy"],
-            "--runtime", cfg["runtime"], "--state-dir", str(root)]
+            "--runtime", cfg["runtime"], "--state-dir", str(root), "--on-stop", cfg["on_stop"]]
+    if cfg["require_node_label"]:
+        args.append("--require-node-label")
     if cfg["runtime"] == "sim":
         args += ["--scenario", cfg["scenario"], "--time-scale", str(cfg["time_scale"]),
                  "--start-at", repr(time.time() + 1.0)]

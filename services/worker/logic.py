@@ -87,7 +87,8 @@ class Worker:
         worker restarted after a crash still knows them (`restore_limits`, --on-stop restore)."""
         self.originals: dict[str, float | None] = _load_originals(originals_file)
         self.restarted = bool(self.originals)
-        """The last worker of this node did not stop cleanly (its originals file is still there)."""
+        """The last worker of this node left limits in force (it crashed, or stopped with `keep`): its
+        originals file is still there, and the first round waits for the stored objectives."""
         self.training = training
         """Training containers (label dqoes.kind=training) and their policy; None: this worker has none."""
         self.runtime = runtime
@@ -716,11 +717,13 @@ class Worker:
                     log.warning("limit of %s not restored: %s", name, e)
                     continue
                 log.info("limit of %s restored to %s", name, "none" if limit is None else f"{limit:g}")
+            self.originals.clear()
+            if self.originals_file:
+                Path(self.originals_file).unlink(missing_ok=True)
         else:
+            # The limits in force are this node's: the originals file stays, so that a worker started
+            # next (a rolling restart) adopts them and a later `restore` still knows the true originals.
             log.info("limits left as they are (--on-stop keep)")
-        self.originals.clear()
-        if self.originals_file:
-            Path(self.originals_file).unlink(missing_ok=True)
 
 
 def _load_originals(path: str | None) -> dict[str, float | None]:

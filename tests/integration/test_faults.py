@@ -344,6 +344,7 @@ async def test_on_stop_keeps_or_restores_the_limits(nats_url, tmp_path, mode, ca
         await task
         await bus.close()
     assert lax.limit == (limited if mode == "keep" else None)
-    assert not (tmp_path / "limits-n1.json").exists()
+    # keep: the limits in force are still this node's, so the true originals stay for a later restore
+    assert (tmp_path / "limits-n1.json").exists() == (mode == "keep")
     changes = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO and r.getMessage().startswith("limit of lax: ")]
     assert f"limit of lax: none -> {limited * 2:.2f} cores" in changes, changes

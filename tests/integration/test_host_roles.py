@@ -351,3 +351,35 @@ def test_joined_nodes_survive_a_restart_of_the_control_plane(tmp_path):
         assert allowed == {subjects.state("n5"): True, subjects.state("n1"): False}
     finally:
         second.stop()
+
+
+def test_a_node_joins_with_a_token_file_once_and_a_restart_reuses_its_keys(control_plane, tmp_path):
+    """How the Swarm stack's worker starts (compose/stack-multinode.yml): the token from a file (a Docker
+    secret), the inference credentials written for the host's applications, and on a restart no new join."""
+    role, url = control_plane
+    missing = dqoes("serve", "node", "--control-plane", url, "--join-token-file", str(tmp_path / "none"),
+                    state=tmp_path / "host-x", timeout=30)
+    assert missing.returncode == 2 and "join token file" in missing.stderr, missing.stderr
+    token_file = tmp_path / "join-token"
+    token_file.write_text(token(role) + "\n")  # one use: a second join with it would be refused
+    apps = tmp_path / "apps"
+    apps.mkdir()
+    node_state = tmp_path / "host-e"
+    args = ("--control-plane", url, "--join-token-file", str(token_file), "--apps-creds", str(apps / "inference.creds"),
+            "--name", "apps-1", "--runtime", "sim", "--scenario", "paper-identical-achievable", "--time-scale", "10")
+    first = serve("node", node_state, tmp_path / "first.out", *args)
+    try:
+        first.wait_for("node apps-1: joined")
+        first.wait_for("node apps-1: worker on the sim runtime")
+    finally:
+        assert first.stop() == 0, first.text()
+    assert auth.load(apps / "inference.creds").identity == "inference-apps-1"
+    keys = json.loads(dqoes("node", "list", "--json", state=role.state).stdout)["nodes"]
+    second = serve("node", node_state, tmp_path / "second.out", *args)
+    try:
+        second.wait_for("node apps-1: joined")  # "... before; its keys ... are reused"
+        second.wait_for("node apps-1: worker on the sim runtime")
+        assert "are reused" in second.text(), second.text()
+    finally:
+        assert second.stop() == 0, second.text()
+    assert json.loads(dqoes("node", "list", "--json", state=role.state).stdout)["nodes"] == keys

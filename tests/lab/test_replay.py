@@ -217,11 +217,11 @@ def test_each_container_keeps_the_memory_that_foresees_its_batches():
     short_noise, long_wander = [], []
     for seed in range(1, 13):
         _, pol = record(seed=seed, tau_s=2.0, sd=0.08)
-        short_noise.append(pol.curves["fast"].long_active)
+        short_noise.append(pol.curves["fast"].switch.long_active)
         _, pol = record(seed=seed, tau_s=30.0, sd=0.15)
         curve = pol.curves["fast"]
-        long_wander.append(curve.long_active)
-        assert curve.evidence < 0
+        long_wander.append(curve.switch.long_active)
+        assert curve.switch.evidence < 0
     assert sum(short_noise) >= 8 and not any(long_wander), (short_noise, long_wander)
 
 

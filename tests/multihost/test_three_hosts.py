@@ -1,19 +1,25 @@
 """The multi-node stack on three real Docker engines (a Swarm), one per network namespace.
 
-What docs/guide/three-hosts.md tells a person to do, run for real: per-node
-credentials (`python3 -m shared.auth init --node ...`), each node's own two
-files at the same path, `docker stack deploy -c compose/stack-multinode.yml`
-on the manager, a global application service (tests/multihost/load.yml: a
-labelled pure-Python CPU burner on every node), then objectives. Each worker
-is given no node name: it asks its engine (`docker info` Name, dqt-engN), and
-the status rows must name that node. Asserted:
+What docs/guide/three-hosts.md tells a person to do, run for real: one join
+token with three uses (`dqoes join-token create` in the control plane's
+volume, before the first deploy) made a Docker secret, `docker stack deploy
+-c compose/stack-multinode.yml` on the manager, and each node's worker joins
+by itself on its first start, under its engine's name (`docker info` Name,
+dqt-engN), with keys it makes on its own host: no credentials are copied to
+any host. Then a global application service (tests/multihost/load.yml: a
+labelled pure-Python CPU burner on every node) and objectives. Asserted:
 
+- each node joined under its engine's name, with its keys on its own host;
 - an objective on the container of one node is carried out by that node's
   worker only: its CPU limit changes, the other nodes' containers keep none;
 - a node's worker identity cannot publish for another node: the server
   refuses it (a permissions violation), while its own subjects pass;
 - an objective set once on the service (a container label, one
-  `docker service update`) is applied on every node by that node's worker.
+  `docker service update`) is applied on every node by that node's worker;
+- a replaced worker task reuses its host's keys, with no second join;
+- `dqoes node revoke` cuts one node's worker off (the server refuses its
+  identity, its state stops arriving) while the other nodes carry on;
+- a node removed from the Swarm leaves the others running.
 
 The engines (tests/multihost/engines.py) share this machine's cgroup tree and
 kernel; a Swarm with overlay networking across them works here (vxlan in
@@ -24,9 +30,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -78,27 +82,42 @@ def limited(engine: engines.Engine, container: str) -> bool:
     return any(v > 0 for v in limit_of(engine, container))
 
 
+STATE = "/var/lib/dqoes"
+"""Where the control plane's task and every worker task keep their state (compose/stack-multinode.yml)."""
+
+
 class Stack:
-    def __init__(self, cluster: engines.Cluster, auth_dir: Path) -> None:
+    def __init__(self, cluster: engines.Cluster) -> None:
         self.cluster = cluster
         self.manager_engine = cluster.engines[0]
-        self.env = {**os.environ, "DOCKER_HOST": self.manager_engine.url, "DQOES_AUTH_DIR": str(auth_dir),
+        self.env = {**os.environ, "DOCKER_HOST": self.manager_engine.url,
                     "DQOES_NODE_DIR": str(engines.NODE_DIR),
                     "DQOES_DOCKER_SOCK": str(engines.NODE_DIR / "docker.sock"),
                     "DQOES_INTERVAL_S": str(ROUND_S), "DQOES_LOG_LEVEL": "info"}
 
+    def docker(self, *args: str, input: str | None = None) -> str:
+        done = subprocess.run(["docker", *args], env=self.env, input=input, capture_output=True, text=True,
+                              timeout=120)
+        assert done.returncode == 0, f"docker {' '.join(args[:3])}: {done.stderr}"
+        return done.stdout
+
+    def join_token_secret(self, uses: int) -> None:
+        """The docs' step: a token in the control plane's volume, made a Docker secret (never printed)."""
+        token = self.docker("run", "--rm", "-v", f"dqoes-control-plane:{STATE}", "-e", f"DQOES_STATE_DIR={STATE}",
+                            self.env.get("DQOES_IMAGE", "dqoes:latest"), "dqoes", "join-token", "create",
+                            "--uses", str(uses), "--ttl", "30m", "--quiet").strip()
+        assert token.startswith("DQJ1-"), "join-token create printed no token"
+        self.docker("secret", "create", "dqoes-join-token", "-", input=token)
+
     def deploy(self, file: Path, name: str) -> None:
-        done = subprocess.run(["docker", "stack", "deploy", "-c", str(file), name], env=self.env,
-                              capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, f"docker stack deploy {name}: {done.stderr}"
+        self.docker("stack", "deploy", "-c", str(file), name)
 
     def dqoes(self, *args: str) -> str:
-        """The CLI inside the manager's task, as the client identity (a Docker secret there)."""
-        task = task_of(self.manager_engine, f"{STACK}_manager")
-        assert task, "no manager task on the manager node"
-        done = subprocess.run(["docker", "-H", self.manager_engine.url, "exec", "-e",
-                               "DQOES_NATS_CREDS=/run/secrets/client.creds", task, "dqoes", *args,
-                               "--nats", "nats://nats:4222"], capture_output=True, text=True, timeout=180)
+        """The CLI inside the control plane's task (it finds the running control plane and its client identity)."""
+        task = task_of(self.manager_engine, f"{STACK}_control-plane")
+        assert task, "no control-plane task on the manager node"
+        done = subprocess.run(["docker", "-H", self.manager_engine.url, "exec", task, "dqoes", *args],
+                              capture_output=True, text=True, timeout=180)
         if done.returncode != 0:
             raise engines.EngineError(f"dqoes {' '.join(args)}: {done.stderr.strip()[-300:]}")
         return done.stdout
@@ -108,7 +127,7 @@ class Stack:
 
     def logs(self) -> str:
         out = []
-        for s in ("manager", "worker", "nats"):
+        for s in ("control-plane", "worker"):
             done = subprocess.run(["docker", "service", "logs", "--tail", "15", f"{STACK}_{s}"], env=self.env,
                                   capture_output=True, text=True, timeout=30)
             out.append(f"--- {s}\n{done.stdout}{done.stderr}")
@@ -118,20 +137,34 @@ class Stack:
         return "\n".join([ps.stdout, *out])
 
 
+def worker_creds(node: str) -> str:
+    """A node's worker credentials inside its worker task: made there when it joined."""
+    return f"{STATE}/node/auth/worker-{node}.creds"
+
+
+def probe(engine: engines.Engine, creds: str, subjects: list[str]) -> dict[str, Any]:
+    """tests/multihost/probe_publish.py in the engine's worker task, speaking as `creds`."""
+    worker = task_of(engine, f"{STACK}_worker")
+    assert worker, f"no worker task on {engine.name}"
+    done = subprocess.run(["docker", "-H", engine.url, "exec", "-i", "-e", f"DQOES_NATS_CREDS={creds}", worker,
+                           "python", "-", *subjects], input=(HERE / "probe_publish.py").read_text(),
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return out
+
+
 @pytest.fixture(scope="module")
-def stack(cluster: engines.Cluster, tmp_path_factory: pytest.TempPathFactory) -> Stack:
-    # Per-node credentials, made once on one machine; each host gets only its own two files.
-    auth_dir = tmp_path_factory.mktemp("auth")
+def stack(cluster: engines.Cluster) -> Stack:
     nodes = [e.name for e in cluster.engines]
-    subprocess.run([sys.executable, "-m", "shared.auth", "init", "--dir", str(auth_dir),
-                    *(f"--node={n}" for n in nodes)], check=True, cwd=REPO, capture_output=True)
-    for e in cluster.engines:
-        shutil.copy(auth_dir / f"worker-{e.name}.creds", e.node_dir / "worker.creds")
-        shutil.copy(auth_dir / f"inference-{e.name}.creds", e.node_dir / "inference.creds")
-    s = Stack(cluster, auth_dir)
+    s = Stack(cluster)
+    s.join_token_secret(uses=len(nodes))
     s.deploy(REPO / "compose/stack-multinode.yml", STACK)
-    s.deploy(HERE / "load.yml", APPS)
     try:
+        # Each worker joins on its first start; its host then has the inference credentials for its apps.
+        wait_for(lambda: all((e.node_dir / "inference.creds").exists() for e in cluster.engines), 120,
+                 "every node's worker joins and writes its apps' credentials")
+        s.deploy(HERE / "load.yml", APPS)
         wait_for(lambda: all(task_of(e, f"{APPS}_load") for e in cluster.engines), 120,
                  "a load task runs on every engine")
         wait_for(lambda: s.status().get("containers_total") == len(nodes), 120,
@@ -139,6 +172,19 @@ def stack(cluster: engines.Cluster, tmp_path_factory: pytest.TempPathFactory) ->
     except AssertionError as e:
         raise AssertionError(f"{e}\n{s.logs()}") from None
     return s
+
+
+def test_each_node_joined_under_its_engines_name_with_keys_made_on_its_host(stack: Stack) -> None:
+    joined = {n["node"]: n for n in json.loads(stack.dqoes("node", "list", "--json"))["nodes"]}
+    assert sorted(joined) == sorted(e.name for e in stack.cluster.engines), joined
+    for e in stack.cluster.engines:
+        # The worker's seed is on its own host only; the control plane holds its public key.
+        seed_file = e.node_dir / "node" / "auth" / f"worker-{e.name}.creds"
+        assert json.loads(seed_file.read_text())["nkey"] == joined[e.name]["worker_nkey"], e.name
+        for other in stack.cluster.engines:
+            if other is not e:
+                assert not (e.node_dir / "node" / "auth" / f"worker-{other.name}.creds").exists()
+    assert not json.loads(stack.dqoes("join-token", "list", "--json"))["tokens"], "the token has uses left"
 
 
 def test_an_objective_is_carried_out_by_its_own_nodes_worker_only(stack: Stack) -> None:
@@ -165,14 +211,9 @@ def test_an_objective_is_carried_out_by_its_own_nodes_worker_only(stack: Stack) 
 def test_a_nodes_worker_identity_cannot_publish_for_another_node(stack: Stack) -> None:
     engs = stack.cluster.engines
     me, other = engs[-1], engs[0]
-    worker = task_of(me, f"{STACK}_worker")
-    assert worker
     theirs = [f"dqoes.state.{other.name}", f"dqoes.decisions.{other.name}", f"dqoes.latency.{other.name}.x"]
     mine = [f"dqoes.state.{me.name}"]
-    done = subprocess.run(["docker", "-H", me.url, "exec", "-i", worker, "python", "-", *theirs, *mine],
-                          input=(HERE / "probe_publish.py").read_text(), capture_output=True, text=True, timeout=60)
-    assert done.returncode == 0, done.stderr
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = probe(me, worker_creds(me.name), [*theirs, *mine])
     assert out["identity"] == f"worker-{me.name}"
     refused = " ".join(out["refused"])
     for subject in theirs:
@@ -222,6 +263,44 @@ def test_a_plain_container_on_the_network_is_governed_by_its_nodes_worker(stack:
         assert rows[name]["node"] == e.name, rows
     finally:
         e.docker("rm", "-f", name, check=False)
+
+
+def test_a_restarted_worker_task_reuses_its_identity_without_joining_again(stack: Stack) -> None:
+    """A node's worker task killed: Swarm starts a new one there, which finds its host's keys and reports
+    again, though the token is used up; the registry keeps the same keys."""
+    e = stack.cluster.engines[1 % len(stack.cluster.engines)]
+    joined = json.loads(stack.dqoes("node", "list", "--json"))["nodes"]
+    old = task_of(e, f"{STACK}_worker")
+    assert old
+    t0 = time.time()
+    e.docker("rm", "-f", old)
+    new = wait_for(lambda: (lambda t: t if t not in (None, old) else None)(task_of(e, f"{STACK}_worker")), 60,
+                   f"a new worker task on {e.name}")
+    wait_for(lambda: "are reused" in e.docker("logs", new), 30, f"the new worker task on {e.name} reuses its keys")
+    wait_for(lambda: float(stack.status()["nodes"].get(e.name, {}).get("at", 0)) > t0, 60,
+             f"the new worker of {e.name} reports")
+    assert json.loads(stack.dqoes("node", "list", "--json"))["nodes"] == joined
+
+
+def test_revoking_a_node_cuts_its_worker_off_while_the_others_carry_on(stack: Stack) -> None:
+    engs = stack.cluster.engines
+    gone = engs[-1]
+    out = stack.dqoes("node", "revoke", gone.name)
+    assert "reloaded its authorization" in out, out
+    refused = probe(gone, worker_creds(gone.name), [f"dqoes.state.{gone.name}"])
+    assert "authorization violation" in refused.get("error", "").lower(), refused
+
+    def rounds() -> dict[str, float]:
+        """When each node's last state was made (the manager's summary: its node's `at`)."""
+        return {k: float(v["at"]) for k, v in stack.status()["nodes"].items()}
+
+    time.sleep(ROUND_S)  # a state the revoked worker sent just before the reload is counted as its last
+    before = rounds()
+    time.sleep(3 * ROUND_S)
+    after = rounds()
+    assert after.get(gone.name) in (None, before.get(gone.name)), (before, after)  # no state from it any more
+    for e in engs[:-1]:
+        assert after[e.name] > before[e.name], (e.name, before, after)  # the others' keep arriving
 
 
 def test_removing_a_node(stack: Stack) -> None:

@@ -91,3 +91,46 @@ def test_the_install_guide_lists_every_key():
     text = (REPO / "docs" / "guide" / "install.md").read_text()
     for s in hostconfig.SETTINGS:
         assert f"`{s.name}`" in text and f"`{s.env}`" in text and f"`{s.flag}" in text, s.name
+
+
+def test_the_control_plane_may_be_a_list_of_nats_urls(tmp_path, monkeypatch):
+    _clean(monkeypatch)
+    f = tmp_path / "dqoes.toml"
+    f.write_text('[node]\ncontrol_plane = "nats://a:4222, nats://b:4222,nats://c:4222"\n')
+    cfg = hostconfig.resolve(_parser("node").parse_args(["--config", str(f)]), "node")
+    assert cfg["control_plane"] == "nats://a:4222,nats://b:4222,nats://c:4222"
+    cfg = hostconfig.resolve(_parser("node").parse_args(["--config", str(f), "--control-plane", "tls://d:4222"]),
+                             "node")
+    assert cfg["control_plane"] == "tls://d:4222"
+
+
+@pytest.mark.parametrize("value", ["a:4222", "nats://a:4222,http://b:80", "nats://", ","])
+def test_a_control_plane_that_is_not_nats_urls_is_one_line(tmp_path, monkeypatch, value):
+    _clean(monkeypatch)
+    monkeypatch.setenv("DQOES_CONTROL_PLANE", value)
+    with pytest.raises(CliError, match=r"^\$DQOES_CONTROL_PLANE: node.control_plane: .*(not a NATS URL|no NATS URL)"):
+        hostconfig.resolve(_parser("node").parse_args([]), "node")
+
+
+def test_a_node_keeps_its_limits_when_stopped_unless_told_to_restore(tmp_path, monkeypatch):
+    _clean(monkeypatch)
+    assert hostconfig.resolve(_parser("node").parse_args([]), "node")["on_stop"] == "keep"
+    cfg = hostconfig.resolve(_parser("node").parse_args(["--on-stop", "restore"]), "node")
+    assert cfg["on_stop"] == "restore"
+    monkeypatch.setenv("DQOES_ON_STOP", "forget")
+    with pytest.raises(CliError, match="'forget' is not one of keep, restore"):
+        hostconfig.resolve(_parser("node").parse_args([]), "node")
+
+
+@pytest.mark.parametrize("flags", [[], ["--on-stop", "restore", "--require-node-label"]])
+def test_the_node_role_hands_its_worker_the_stop_mode_and_the_label_rule(tmp_path, monkeypatch, flags):
+    from services.cli import serve
+    from services.worker.__main__ import parse
+
+    _clean(monkeypatch)
+    cfg = hostconfig.resolve(_parser("node").parse_args(["--runtime", "docker", *flags]), "node")
+    argv = serve._worker_args(tmp_path, "n1", "nats://a:4222,nats://b:4222", cfg)
+    assert argv[:2] == ["-m", "services.worker"]
+    worker = parse(argv[2:])
+    assert (worker.on_stop, worker.require_node_label) == (("restore", True) if flags else ("keep", False))
+    assert worker.nats_url == "nats://a:4222,nats://b:4222"

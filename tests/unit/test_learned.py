@@ -475,15 +475,15 @@ def test_one_odd_batch_is_held_out_until_the_next_says_whether_the_curve_moved()
 
     drift = two_seen()
     take(drift, math.log(0.5), math.log(245.0), 1.0, (0.917, 0.917))
-    assert drift.n == 2 and len(drift.suspects) == 1 and drift.noise < 0.08
+    assert drift.n == 2 and len(drift.watch.suspects) == 1 and drift.noise < 0.08
     take(drift, math.log(0.5), math.log(250.0), 1.0, (0.917, 0.917))  # slow again
-    assert drift.n == 2 and not drift.suspects  # restarted from the two slow batches
+    assert drift.n == 2 and not drift.watch.suspects  # restarted from the two slow batches
     assert math.exp(drift.predict(0.5)[0]) > 200.0
 
     odd = two_seen()
     take(odd, math.log(0.5), math.log(245.0), 1.0, (0.917, 0.917))
     take(odd, math.log(0.5), math.log(147.0), 1.0, (0.917, 0.917))  # back on the curve: it was one odd batch
-    assert odd.n == 4 and not odd.suspects
+    assert odd.n == 4 and not odd.watch.suspects
     assert math.exp(odd.predict(0.5)[0]) < 165.0
 
 
@@ -501,8 +501,8 @@ def test_a_batch_that_straddled_several_limits_is_read_from_the_cpu_it_used():
                      since_s=106.0, prev_limit=0.25)
     observe_straddled(batch, curve, 4.0, (1.0, 1.0))
     assert curve.n == 1
-    assert math.exp(curve.sy / curve.sw) == pytest.approx(20.0)
-    assert math.exp(curve.sx / curve.sw) == pytest.approx(0.5)
+    assert math.exp(curve.sums.sy / curve.sums.sw) == pytest.approx(20.0)
+    assert math.exp(curve.sums.sx / curve.sums.sw) == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize(("others_cores", "ceiling"), [(0.93, True), (1.0, False)], ids=["idle left", "node full"])

@@ -13,6 +13,7 @@ import time
 import pytest
 
 from shared.core.learned import Curve, LearnedParams, LearnedPolicy, PlanKind
+from shared.core.learned.curve import NodeShare
 from shared.core.learned.pooling import HEIGHT_SPREAD_MIN, group_of, pool_heights
 from shared.core.types import BatchObs, ContainerView, NodeView, workload_of
 from shared.scenarios.spec import parse_scenario
@@ -64,7 +65,7 @@ def test_a_newcomer_with_a_replica_is_placed_before_its_first_batch(pool, seen):
         latency = 8.0 / (b.new_limit * CORES)
         assert (8.1 if seen == 2 else 4.5) <= latency <= 9.9, b
         # Placed by its replicas' curve before any batch of its own.
-        assert policy.curves["b"].height_node is not None and policy.curves["b"].n == 0
+        assert policy.curves["b"].node.height is not None and policy.curves["b"].n == 0
         assert policy.plans["b"].kind is not PlanKind.LEARNING, policy.plans["b"]
     else:
         assert policy.plans["b"].kind is PlanKind.LEARNING, policy.plans["b"]
@@ -80,15 +81,15 @@ def test_replicas_that_differ_are_each_learnt_from_their_own_batches():
         curve = policy.curves[name]
         pred = curve.predict(1.0)
         assert pred is not None and abs(pred[0] - math.log(work)) < 0.1, (name, pred, work)
-    assert policy.curves["r1"].height_node is not None
-    assert math.sqrt(policy.curves["r1"].height_node[2]) > 0.15  # the odd one shows replicas differ
+    assert policy.curves["r1"].node.height is not None
+    assert math.sqrt(policy.curves["r1"].node.height[2]) > 0.15  # the odd one shows replicas differ
 
 
 def test_replicas_that_agree_are_trusted_no_closer_than_the_spread_measured_on_a_real_node():
     policy = LearnedPolicy()
     works = {"r1": 6.0, "r2": 6.0, "r3": 6.0}
     _seen(policy, works, {n: 8.0 for n in works}, rounds=8)
-    sd = math.sqrt(policy.curves["r1"].height_node[2])  # the spread, and the mean of two's own variance
+    sd = math.sqrt(policy.curves["r1"].node.height[2])  # the spread, and the mean of two's own variance
     assert HEIGHT_SPREAD_MIN <= sd < HEIGHT_SPREAD_MIN * math.sqrt(1.5) * 1.05
 
 
@@ -104,9 +105,9 @@ def test_a_replica_whose_curve_moved_leaves_the_pool():
         d = policy.decide(NodeView(node="n1", cores=CORES, now_s=10.0 * r, containers=views))
         limits.update({c.name: c.new_limit for c in d.containers})
     r3 = policy.curves["r3"]
-    assert r3.solo and r3.height_node is None
+    assert r3.node.solo and r3.node.height is None
     assert abs(r3.predict(1.0)[0] - math.log(12.0)) < 0.1
-    assert policy.curves["r1"].height_node is not None  # the other two still pool with each other
+    assert policy.curves["r1"].node.height is not None  # the other two still pool with each other
     assert 8.0 * 0.9 <= 12.0 / (limits["r3"] * CORES) <= 8.0 * 1.1, limits  # back in its band
 
 
@@ -122,12 +123,12 @@ def test_a_model_known_by_its_label_joins_its_replicas_while_they_run_one_batch_
 
 
 def test_no_replica_seen_no_prior():
-    a, b = Curve(workload="m@10"), Curve(workload="n@10")
+    a, b = Curve(node=NodeShare(workload="m@10")), Curve(node=NodeShare(workload="n@10"))
     a.add(0.0, math.log(6.0), 1.0, (1.0, 1.0))
     b.add(0.0, math.log(3.0), 1.0, (1.0, 1.0))
     curves = {"a": a, "b": b}
     pool_heights(curves)
-    assert a.height_node is None and b.height_node is None  # one of each model: nobody to learn from
+    assert a.node.height is None and b.node.height is None  # one of each model: nobody to learn from
 
 
 def test_pool_work_is_a_parameter_like_the_others():

@@ -38,7 +38,7 @@ def pooled(slopes: list[tuple[float, float]], tau2: float) -> tuple[float, float
 
 
 def own_slope(c: Curve) -> tuple[float, float]:
-    f = c.solve_memory(c.long_active, own=True)
+    f = c.solve_memory(c.switch.long_active, own=True)
     assert f is not None
     return f.k, f.var_k
 
@@ -58,19 +58,18 @@ def test_each_prior_is_the_pool_of_the_others_with_everyones_spread():
     pinned = {n: own_slope(curves[n]) for n in curves if n != "new"}
     tau2 = between_variance([list(pinned.values())])
     assert tau2 > 0
-    assert curves["new"].k_node == pytest.approx(pooled(list(pinned.values()), tau2), rel=1e-9)
+    assert curves["new"].node.k == pytest.approx(pooled(list(pinned.values()), tau2), rel=1e-9)
     for name in pinned:
         others = [kv for n, kv in pinned.items() if n != name]
-        assert curves[name].k_node == pytest.approx(pooled(others, tau2), rel=1e-9)
+        assert curves[name].node.k == pytest.approx(pooled(others, tau2), rel=1e-9)
 
 
 def test_a_container_seen_at_one_limit_borrows_its_neighbours_slope():
     curves = {f"n{i}": seen(1.0, (0.5, 1.0, 2.0)) for i in range(4)}
     curves["new"] = seen(1.0, (1.0,), rounds=3)
-    alone = Curve(**{f: getattr(curves["new"], f) for f in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n")},
-                  long_sums=list(curves["new"].long_sums))
+    alone = Curve(sums=curves["new"].sums.copy())
     pool_slopes(curves)
-    prior = curves["new"].k_node
+    prior = curves["new"].node.k
     assert prior is not None and prior[0] == pytest.approx(1.0, abs=0.02) and prior[1] < K_PRIOR_SD / 3
     # Far from where it was seen, what it foresees is much surer than on its own.
     far_pooled, far_alone = curves["new"].predict(3.0), alone.predict(3.0)
@@ -79,7 +78,7 @@ def test_a_container_seen_at_one_limit_borrows_its_neighbours_slope():
     # One limit says little of a slope: the newcomer's does not join the pool of the others.
     without = {n: seen(1.0, (0.5, 1.0, 2.0)) for n in curves if n != "new"}
     pool_slopes(without)
-    assert all(without[n].k_node == curves[n].k_node for n in without)
+    assert all(without[n].node.k == curves[n].node.k for n in without)
 
 
 def test_a_slope_never_informs_its_own_prior():
@@ -88,8 +87,8 @@ def test_a_slope_never_informs_its_own_prior():
     curves = {f"n{i}": seen(1.0, (0.5, 1.0, 2.0)) for i in range(POOL_MIN)}
     curves["new"] = seen(1.0, (1.0,), rounds=2)
     pool_slopes(curves)
-    assert all(curves[f"n{i}"].k_node is None for i in range(POOL_MIN))
-    assert curves["new"].k_node is not None
+    assert all(curves[f"n{i}"].node.k is None for i in range(POOL_MIN))
+    assert curves["new"].node.k is not None
 
 
 def test_a_neighbour_with_another_slope_is_learnt_from_its_own_batches():
@@ -102,7 +101,7 @@ def test_a_neighbour_with_another_slope_is_learnt_from_its_own_batches():
     fit = curves["odd"].solve()
     assert fit is not None and fit.k == pytest.approx(1.6, abs=0.1)
     # The newcomer's prior is not narrower than the slopes it comes from disagree.
-    prior = curves["new"].k_node
+    prior = curves["new"].node.k
     assert prior is not None and prior[1] >= 0.2
 
 
@@ -121,7 +120,7 @@ def test_the_pool_is_a_setting_and_off_leaves_every_curve_its_own_prior(pool):
     policy.curves["new"] = seen(1.0, (1.0,), rounds=2)
     views = tuple(_view(n, 0.2, 10.0 / 0.8) for n in policy.curves)
     policy.decide(NodeView(node="n1", cores=4.0, now_s=100.0, containers=views))
-    prior = policy.curves["new"].k_node
+    prior = policy.curves["new"].node.k
     assert (prior is not None) == (pool == 1.0)
     with pytest.raises(ValueError, match="pool_slopes must be a number in"):
         LearnedParams(pool_slopes=2.0)
@@ -134,10 +133,10 @@ def test_turned_off_at_runtime_no_curve_keeps_the_node_prior_it_had():
     policy.curves["new"] = seen(1.0, (1.0,), rounds=2)
     views = tuple(_view(n, 0.2, 10.0 / 0.8) for n in policy.curves)
     policy.decide(NodeView(node="n1", cores=4.0, now_s=100.0, containers=views))
-    assert policy.curves["new"].k_node is not None
+    assert policy.curves["new"].node.k is not None
     policy.set_params(LearnedParams(pool_slopes=0.0))
     policy.decide(NodeView(node="n1", cores=4.0, now_s=105.0, containers=views))
-    assert all(c.k_node is None for c in policy.curves.values())
+    assert all(c.node.k is None for c in policy.curves.values())
 
 
 def test_a_slope_past_the_range_is_clamped_and_the_line_still_runs_through_the_data():
@@ -146,6 +145,6 @@ def test_a_slope_past_the_range_is_clamped_and_the_line_still_runs_through_the_d
     c = seen(5.0, (1.0, 2.0, 3.0), rounds=6)
     fit = c.solve()
     assert fit is not None and fit.k == K_RANGE[1]
-    mean_x, mean_y = c.sx / c.sw, c.sy / c.sw
+    mean_x, mean_y = c.sums.sx / c.sums.sw, c.sums.sy / c.sums.sw
     pred = c.predict(math.exp(mean_x))
     assert pred is not None and pred[0] == pytest.approx(mean_y, abs=0.02)

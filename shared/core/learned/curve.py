@@ -1,11 +1,12 @@
 """One container's curve: the sums its fit is solved from, its priors, and what it knows of itself.
 
-A `Curve` holds two memories of its observations (a half-life in batches and a longer one in
-seconds), the priors the node gives it (slope, height), its ceiling (`sat_cores`), whether its
-threads follow its limit (`steps`), and the state of its drift watch (a restart and the curve before
-it, kept a few batches in case the move was a passing spell). It answers: the fit
-(`solve`, a `Fit`), the predicted log latency at a limit, and the least limit for a latency.
-What observations it takes, and how, is `observe`'s; when it restarts is `guards`'.
+A `Curve` holds its state in named parts: `Sums` (two memories of its observations, a half-life in
+batches and a longer one in seconds), `Switch` (which memory the fit uses), `Prior` (its own priors
+on slope and height), `NodeShare` (what the node's other containers say of it), `DriftWatch` (held-out
+batches, and the curve before a restart, kept a few batches in case the move was a passing spell) and
+`Timing`; besides them its ceiling (`sat_cores`) and whether its threads follow its limit (`steps`).
+It answers: the fit (`solve`, a `Fit`), the predicted log latency at a limit, and the least limit for
+a latency. What observations it takes, and how, is `observe`'s; when it restarts is `guards`'.
 """
 
 from __future__ import annotations
@@ -85,10 +86,10 @@ class Timing:
 
 
 @dataclass(slots=True)
-class Curve:
-    """One container's fitted log-latency line and what it knows about its saturation."""
+class Sums:
+    """Decayed weighted sums over a curve's observations (x = log cores, y = log latency), in its two
+    memories: the short one in batches (the fields) and the long one in seconds (`long`)."""
 
-    # Decayed weighted sums over observations (x = log cores, y = log latency).
     sw: float = 0.0
     sw2: float = 0.0
     """Decayed sum of squared weights: with sw, how many observations the weights amount to."""
@@ -99,65 +100,13 @@ class Curve:
     syy: float = 0.0
     n: int = 0
     """Observations taken (not weighted)."""
-    long_sums: list[float] = field(default_factory=lambda: [0.0] * 7)
+    long: list[float] = field(default_factory=lambda: [0.0] * 7)
     """The same sums (sw, sw2, sx, sy, sxx, sxy, syy) over the longer memory (`half_life_s`)."""
-    long_active: bool = False
-    """The fit uses the longer memory: it foresaw this container's batches better."""
-    foresight: Foresight | None = None
-    """(limit set last, in cores; mean log latency there by the short memory; by the long one; when)."""
-    evidence: float = 0.0
-    """Decayed sum, over batches under the limit set last, of the short memory's squared error less
-    the long one's: above SWITCH_EVIDENCE x `spread`, the long one foresaw them better."""
-    spread: float = 0.0
-    """Decayed sum of both memories' squared errors (the scale of `evidence`)."""
-    theta_mean: float = 0.0
-    theta_sd: float = math.inf
-    """Prior on theta0 (log CPU-seconds at one core); infinite: none."""
-    k_mean: float = 1.0
-    k_sd: float = K_PRIOR_SD
-    k_node: tuple[float, float] | None = None
-    """(mean, sd) of the slope the node's other containers show (docs/design/learned.md, "Slopes shared
-    on a node"): the prior on k in place of (k_mean, k_sd) where it is narrower."""
-    height_node: tuple[float, float, float] | None = None
-    """(x0, mean, variance) of its log latency at log cores x0 as its replicas on the node show it (same
-    model and batch; docs/design/learned.md, "Work shared by replicas"): a prior on its curve's height."""
-    workload: str | None = None
-    """What it runs (model and images per batch), as its batches report it; None: not known."""
-    solo: bool = False
-    """Its curve moved on its own (a drift restart): its replicas' curves no longer speak for it."""
-    sat_cores: float | None = None
-    """Most cores the container has been seen able to use; None: no sign of a ceiling."""
-    steps: bool = False
-    """Its threads follow its limit and the policy reads them so: above one core, a limit gives only its
-    whole cores (`at_limit`), and a need there is met by the next whole core (`limit_for`)."""
-    suspects: list[Suspect] = field(default_factory=list)
-    """The latest batch beyond OUTLIER_SD, held out of the fit until the next one tells whether the
-    curve moved (drift watch): (residual, x, y, weight, when it started)."""
-    recent: list[Deviation] = field(default_factory=list)
-    """Its latest clean batches as its curve saw them before taking them: (start, end, deviation in
-    sd), SPELL_RECENT at most; what its neighbours read to tell a node's spell from their own drift."""
-    spell_held: int = 0
-    """Restarts in a row not made because the node's other containers were off alike."""
-    fit: Fit | None = None
-    """The last fit (cleared whenever its sums or priors change)."""
-    timing: Timing = field(default_factory=Timing)
-    """When its batches can next change a decision: the policy's reading, not the model's."""
-    before: Curve | None = None
-    """The curve as it was before the latest restart, while batches may still show it was right."""
-    since_restart: int = 0
-    back: int = 0
-    """Consecutive batches since the restart that the curve before it explains."""
-
-    @property
-    def noise(self) -> float:
-        """The batch-to-batch noise (sd of log latency): the fit's own, over its decayed window."""
-        f = self.solve()
-        return f.noise_sd if f is not None else NOISE_PRIOR
 
     def add(self, x: float, y: float, w: float, decay: tuple[float, float]) -> None:
         """One observation into both memories; `decay` is what each keeps of its past."""
         d, dl = decay
-        ls = self.long_sums
+        ls = self.long
         for i, v in enumerate((w, w * w, w * x, w * y, w * x * x, w * x * y, w * y * y)):
             ls[i] = ls[i] * (dl * dl if i == 1 else dl) + v
         self.sw = self.sw * d + w
@@ -168,71 +117,180 @@ class Curve:
         self.sxy = self.sxy * d + w * x * y
         self.syy = self.syy * d + w * y * y
         self.n += 1
+
+    @property
+    def short(self) -> list[float]:
+        """The sums over the memory in batches, in the order of `long`."""
+        return [self.sw, self.sw2, self.sx, self.sy, self.sxx, self.sxy, self.syy]
+
+    def copy(self) -> Sums:
+        """An independent copy (the long sums are a list)."""
+        return dataclasses.replace(self, long=list(self.long))
+
+
+@dataclass(slots=True)
+class Switch:
+    """Which memory the fit uses, and the evidence for the other (docs/design/learned.md, "Two memories")."""
+
+    long_active: bool = False
+    """The fit uses the longer memory: it foresaw this container's batches better."""
+    foresight: Foresight | None = None
+    """(limit set last, in cores; mean log latency there by the short memory; by the long one; when)."""
+    evidence: float = 0.0
+    """Decayed sum, over batches under the limit set last, of the short memory's squared error less
+    the long one's: above SWITCH_EVIDENCE x `spread`, the long one foresaw them better."""
+    spread: float = 0.0
+    """Decayed sum of both memories' squared errors (the scale of `evidence`)."""
+
+
+@dataclass(slots=True)
+class Prior:
+    """The curve's own priors on its line: from a calibrated profile, or kept from before a restart."""
+
+    theta_mean: float = 0.0
+    theta_sd: float = math.inf
+    """Prior on theta0 (log CPU-seconds at one core); infinite: none."""
+    k_mean: float = 1.0
+    k_sd: float = K_PRIOR_SD
+    """Prior on the slope k (a restart keeps what the curve had learnt of it)."""
+
+
+@dataclass(slots=True)
+class NodeShare:
+    """What the node's other containers say of this curve, and whether they may."""
+
+    k: tuple[float, float] | None = None
+    """(mean, sd) of the slope the node's other containers show (docs/design/learned.md, "Slopes shared
+    on a node"): the prior on k in place of the curve's own where it is narrower."""
+    height: tuple[float, float, float] | None = None
+    """(x0, mean, variance) of its log latency at log cores x0 as its replicas on the node show it (same
+    model and batch; docs/design/learned.md, "Work shared by replicas"): a prior on its curve's height."""
+    workload: str | None = None
+    """What it runs (model and images per batch), as its batches report it; None: not known."""
+    solo: bool = False
+    """Its curve moved on its own (a drift restart): its replicas' curves no longer speak for it."""
+
+
+@dataclass(slots=True)
+class DriftWatch:
+    """What the drift watch holds: batches held out, recent deviations, and the curve before a restart."""
+
+    suspects: list[Suspect] = field(default_factory=list)
+    """The latest batch beyond OUTLIER_SD, held out of the fit until the next one tells whether the
+    curve moved: (residual, x, y, weight, when it started)."""
+    recent: list[Deviation] = field(default_factory=list)
+    """Its latest clean batches as its curve saw them before taking them: (start, end, deviation in
+    sd), SPELL_RECENT at most; what its neighbours read to tell a node's spell from their own drift."""
+    spell_held: int = 0
+    """Restarts in a row not made because the node's other containers were off alike."""
+    before: Curve | None = None
+    """The curve as it was before the latest restart, while batches may still show it was right."""
+    since_restart: int = 0
+    """Batches since the latest restart (the curve before it is dropped after RESTART_WATCH)."""
+    back: int = 0
+    """Consecutive batches since the restart that the curve before it explains."""
+
+
+@dataclass(slots=True)
+class Curve:
+    """One container's fitted log-latency line and what it knows about its saturation."""
+
+    sums: Sums = field(default_factory=Sums)
+    """Its observations, in both memories."""
+    switch: Switch = field(default_factory=Switch)
+    """Which memory its fit uses."""
+    prior: Prior = field(default_factory=Prior)
+    """Its own priors on theta0 and k."""
+    node: NodeShare = field(default_factory=NodeShare)
+    """What the node's containers share with it (slope, replicas' height)."""
+    sat_cores: float | None = None
+    """Most cores the container has been seen able to use; None: no sign of a ceiling."""
+    steps: bool = False
+    """Its threads follow its limit and the policy reads them so: above one core, a limit gives only its
+    whole cores (`at_limit`), and a need there is met by the next whole core (`limit_for`)."""
+    watch: DriftWatch = field(default_factory=DriftWatch)
+    """The drift watch's state (`guards`)."""
+    fit: Fit | None = None
+    """The last fit (cleared whenever its sums or priors change)."""
+    timing: Timing = field(default_factory=Timing)
+    """When its batches can next change a decision: the policy's reading, not the model's."""
+
+    @property
+    def n(self) -> int:
+        """Observations taken since the latest restart (not weighted)."""
+        return self.sums.n
+
+    @property
+    def noise(self) -> float:
+        """The batch-to-batch noise (sd of log latency): the fit's own, over its decayed window."""
+        f = self.solve()
+        return f.noise_sd if f is not None else NOISE_PRIOR
+
+    def add(self, x: float, y: float, w: float, decay: tuple[float, float]) -> None:
+        """One observation into both memories; `decay` is what each keeps of its past."""
+        self.sums.add(x, y, w, decay)
         self.fit = None
 
     def restart(self) -> None:
         """Forget every observation (the curve moved); keep what was learnt of k as a prior, and the
         curve itself for a few batches, in case the move was a passing slow spell."""
         f = self.solve()
-        self.before = (dataclasses.replace(self, suspects=[], recent=[], before=None, long_sums=list(self.long_sums),
-                                           timing=Timing())
-                       if f is not None and self.n >= RESTART_KEEP_N else None)
-        self.since_restart = self.back = self.spell_held = 0
-        if f is not None and self.n >= RESTART_KEEP_N:
-            self.k_mean, self.k_sd = f.k, max(RESTART_K_SD_MIN, math.sqrt(f.var_k))
-        self.sw = self.sw2 = self.sx = self.sy = self.sxx = self.sxy = self.syy = 0.0
-        self.long_sums = [0.0] * 7
-        self.foresight = None
-        self.n = 0
-        self.theta_sd = math.inf
-        self.solo, self.height_node = True, None
-        self.suspects.clear()
+        watch, prior = self.watch, self.prior
+        watch.before = (dataclasses.replace(self, sums=self.sums.copy(), switch=dataclasses.replace(self.switch),
+                                            prior=dataclasses.replace(prior), node=dataclasses.replace(self.node),
+                                            watch=DriftWatch(), timing=Timing())
+                        if f is not None and self.sums.n >= RESTART_KEEP_N else None)
+        watch.since_restart = watch.back = watch.spell_held = 0
+        if f is not None and self.sums.n >= RESTART_KEEP_N:
+            prior.k_mean, prior.k_sd = f.k, max(RESTART_K_SD_MIN, math.sqrt(f.var_k))
+        self.sums = Sums()
+        self.switch.foresight = None
+        prior.theta_sd = math.inf
+        self.node.solo, self.node.height = True, None
+        watch.suspects.clear()
         self.fit = None
 
     def check_back(self, x: float, y: float) -> None:
         """After a restart: restore the curve before it once two batches in a row land where it put
         them (the slow spell that set the restart off has passed)."""
-        old = self.before
+        watch = self.watch
+        old = watch.before
         if old is None:
             return
-        self.since_restart += 1
+        watch.since_restart += 1
         pred, fit = old.predict(math.exp(x)), old.solve()
         if pred is not None and fit is not None and abs(y - pred[0]) <= BACK_SD * max(fit.noise_sd, NOISE_PRIOR):
-            self.back += 1
+            watch.back += 1
         else:
-            self.back = 0
-        if self.back >= 2:
-            for name in ("sw", "sw2", "sx", "sy", "sxx", "sxy", "syy", "n", "theta_mean", "theta_sd", "k_mean", "k_sd",
-                         "long_sums", "solo"):
-                setattr(self, name, getattr(old, name))
-            self.before, self.fit = None, None
-        elif self.since_restart >= RESTART_WATCH:
-            self.before = None
+            watch.back = 0
+        if watch.back >= 2:
+            # Its sums and own priors, and whether it stands alone; not what the node gives it now.
+            self.sums, self.prior, self.node.solo = old.sums, old.prior, old.node.solo
+            watch.before, self.fit = None, None
+        elif watch.since_restart >= RESTART_WATCH:
+            watch.before = None
 
     def solve(self) -> Fit | None:
         """Posterior of (theta0, k) and the noise sd, or None with no observation at all."""
         if self.fit is None:
-            self.fit = self.solve_memory(self.long_active)
+            self.fit = self.solve_memory(self.switch.long_active)
         return self.fit
-
-    @property
-    def short_sums(self) -> list[float]:
-        """The sums over the memory in batches, in the order of `long_sums`."""
-        return [self.sw, self.sw2, self.sx, self.sy, self.sxx, self.sxy, self.syy]
 
     def k_prior(self) -> tuple[float, float]:
         """(mean, sd) of the prior on k in use: the node's where it is narrower than the curve's own."""
-        if self.k_node is not None and self.k_node[1] < self.k_sd:
-            return self.k_node
-        return self.k_mean, self.k_sd
+        prior, node_k = self.prior, self.node.k
+        if node_k is not None and node_k[1] < prior.k_sd:
+            return node_k
+        return prior.k_mean, prior.k_sd
 
     def solve_memory(self, long: bool, own: bool = False) -> Fit | None:
         """The fit over the short memory (half-life in batches) or the long one (`half_life_s`); with
         `own`, its own data under its own prior on k alone (what it says by itself, for the node's pools).
         A curve with no data of its own but a height from its replicas is fitted on that alone."""
-        return solve_sums(self.long_sums if long else self.short_sums,
-                          (self.k_mean, self.k_sd) if own else self.k_prior(),
-                          (self.theta_mean, self.theta_sd), None if own else self.height_node)
+        prior = self.prior
+        return solve_sums(self.sums.long if long else self.sums.short,
+                          (prior.k_mean, prior.k_sd) if own else self.k_prior(),
+                          (prior.theta_mean, prior.theta_sd), None if own else self.node.height)
 
     def at_limit(self, limit_cores: float) -> float:
         """The cores a batch can use under this limit: the limit, or with threads that follow it, the

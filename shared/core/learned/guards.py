@@ -70,13 +70,13 @@ def take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float],
         resid = y - pred[0]
         sd = batch_sd(fit, pred)
         if abs(resid) > OUTLIER_SD * sd:
-            held = curve.suspects[-1] if curve.suspects else None
+            held = curve.watch.suspects[-1] if curve.watch.suspects else None
             if held is not None and held.resid * resid > 0:
-                if (spell is not None and curve.spell_held < RESTART_WATCH
+                if (spell is not None and curve.watch.spell_held < RESTART_WATCH
                         and spell(held.start_s if math.isfinite(held.start_s) else start_s, math.copysign(1.0, resid))):
                     # A spell of the host: both batches say more of it than of this curve.
-                    curve.spell_held += 1
-                    curve.suspects[-1] = Suspect(resid, x, y, w, start_s)
+                    curve.watch.spell_held += 1
+                    curve.watch.suspects[-1] = Suspect(resid, x, y, w, start_s)
                     return
                 curve.restart()
                 curve.add(held.x, held.y, held.w, decay)
@@ -84,21 +84,21 @@ def take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float],
                 return
             # A new suspect (none held, or one on the other side) breaks any chain of slow batches.
             release(curve, decay)
-            curve.spell_held = 0
-            curve.suspects.append(Suspect(resid, x, y, w, start_s))
+            curve.watch.spell_held = 0
+            curve.watch.suspects.append(Suspect(resid, x, y, w, start_s))
             return
     release(curve, decay)
-    curve.spell_held = 0
+    curve.watch.spell_held = 0
     curve.add(x, y, w, decay)
 
 
 def release(curve: Curve, decay: tuple[float, float]) -> None:
     """A batch held out as a suspect that the next batch did not confirm joins the fit, down-weighted."""
-    for resid, x, y, w, _ in curve.suspects:
+    for resid, x, y, w, _ in curve.watch.suspects:
         fit = curve.solve()
         sd = max(fit.noise_sd, NOISE_PRIOR) if fit is not None else NOISE_PRIOR
         curve.add(x, y, w * min(1.0, OUTLIER_SD * sd / abs(resid)), decay)
-    curve.suspects.clear()
+    curve.watch.suspects.clear()
 
 
 def kept(plan: Plan, curve: Curve, v: ContainerView, old: float, cores: float, floor: float, dead_band: float,

@@ -102,7 +102,7 @@ def observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: tuple[floa
     if used_before <= 0:
         return
     fit = curve.solve()
-    k = fit.k if fit is not None else curve.k_mean
+    k = fit.k if fit is not None else curve.prior.k_mean
     equiv = t1 * (used_before / c2) ** k + t2
     take(curve, math.log(c2), math.log(equiv), STRADDLE_WEIGHT * t2 / b.latency_s, decay, start, spell)
 
@@ -156,28 +156,29 @@ def had_room(node_busy: float, cores: float, limit_cores: float | None, rate: fl
 def weigh_memories(curve: Curve, b: BatchObs, cores: float, decay: float, horizon_s: float) -> None:
     """Score both memories on a clean batch under the limit set last, against what each foresaw at
     most `horizon_s` before; the fit follows the one that foresees better, with a margin either way."""
-    seen = curve.foresight
+    sw = curve.switch
+    seen = sw.foresight
     if seen is None or b.limit is None or not math.isclose(b.limit * cores, seen.cores, rel_tol=1e-4):
         return
     if b.finished_at_s - seen.at_s > horizon_s:
-        curve.foresight = foresee(curve, seen.cores, b.finished_at_s)
+        sw.foresight = foresee(curve, seen.cores, b.finished_at_s)
     y = math.log(b.latency_s)
     short, long = (y - seen.short) ** 2, (y - seen.long) ** 2
-    curve.evidence = curve.evidence * decay + short - long
-    curve.spread = curve.spread * decay + short + long
-    if curve.long_active != (curve.evidence > 0) and abs(curve.evidence) > SWITCH_EVIDENCE * curve.spread:
-        curve.long_active = not curve.long_active
+    sw.evidence = sw.evidence * decay + short - long
+    sw.spread = sw.spread * decay + short + long
+    if sw.long_active != (sw.evidence > 0) and abs(sw.evidence) > SWITCH_EVIDENCE * sw.spread:
+        sw.long_active = not sw.long_active
         curve.fit = None
 
 
 def foresee(curve: Curve, cores: float, now_s: float) -> Foresight | None:
     """What each memory expects of the batches at `cores` (None while both are the same memory, or
     either has no fit). The one in use is the curve's own fit, solved once a round already."""
-    if curve.long_sums == curve.short_sums:
+    if curve.sums.long == curve.sums.short:
         return None
-    active, other = curve.solve(), curve.solve_memory(not curve.long_active)
+    active, other = curve.solve(), curve.solve_memory(not curve.switch.long_active)
     if active is None or other is None:
         return None
-    short, long = (other, active) if curve.long_active else (active, other)
+    short, long = (other, active) if curve.switch.long_active else (active, other)
     a, b = curve.predict_limit(cores, short), curve.predict_limit(cores, long)
     return None if a is None or b is None else Foresight(cores, a[0], b[0], now_s)

@@ -21,6 +21,7 @@ from shared.core.learned.guards import OUTLIER_SD, Spell, kept, settle, stepped
 from shared.core.learned.observe import foresee, observe
 from shared.core.learned.plan import Plan, PlanKind
 from shared.core.learned.pooling import node_spell, note_recent, own_fits, pool_heights, pool_slopes
+from shared.core.learned.reason import Reason
 from shared.core.learned.settings import LearnedParams, Settings
 from shared.core.learned.solver import Solver, solve
 from shared.core.policy import CurveLookup, PolicyBase, PolicySpec, build_decision, no_curves
@@ -31,8 +32,6 @@ PRIOR_THETA_SD = 0.35
 """How far (log) a calibrated profile's work per batch may be off when used as a prior."""
 FEW_BATCHES = 4
 """A curve with fewer observations than this is still being learnt: rounds follow its batches."""
-CHANCE_NOTE = ", given what is left for a chance"
-"""What a reason adds for a container given what was left for a chance at its band."""
 
 
 class LearnedPolicy(PolicyBase):
@@ -58,6 +57,8 @@ class LearnedPolicy(PolicyBase):
         was left last round for a chance at their band."""
         self.fast_held: dict[str, float] = {}
         """Containers too fast at the floor, and the limit they were last set or kept at as such."""
+        self.reasons: dict[str, Reason] = {}
+        """Why each container got its limit last round, as data (rendered into the Decision's text)."""
 
     def set_params(self, params: LearnedParams) -> None:
         self.params = params
@@ -85,7 +86,7 @@ class LearnedPolicy(PolicyBase):
             c = Curve()
             prior = self.curve_of(name) if self.settings.sharing.use_prior else None
             if prior is not None:
-                c.theta_mean, c.theta_sd = prior_theta(prior), PRIOR_THETA_SD
+                c.prior.theta_mean, c.prior.theta_sd = prior_theta(prior), PRIOR_THETA_SD
                 c.sat_cores = float(prior.threads)
             self.curves[name] = c
         return c
@@ -109,7 +110,7 @@ class LearnedPolicy(PolicyBase):
         busy = sum(v.cpu_share or 0.0 for v in view.containers)
         for v in view.containers:
             curve = self.curve(v.name)
-            curve.workload = v.workload or curve.workload
+            curve.node.workload = v.workload or curve.node.workload
             curve.steps = v.follows_limit and share.thread_steps
             if share.spell_guard:
                 note_recent(v, curve, cores)
@@ -122,14 +123,14 @@ class LearnedPolicy(PolicyBase):
             pool_slopes(self.curves, own)
         else:  # turned off at runtime: no curve keeps the node's prior it had
             for c in self.curves.values():
-                if c.k_node is not None:
-                    c.k_node, c.fit = None, None
+                if c.node.k is not None:
+                    c.node.k, c.fit = None, None
         if share.pool_work:
             pool_heights(self.curves, own)
         else:
             for c in self.curves.values():
-                if c.height_node is not None:
-                    c.height_node, c.fit = None, None
+                if c.node.height is not None:
+                    c.node.height, c.fit = None, None
 
     def decide(self, view: NodeView) -> Decision:
         """One round: learn from the batches since the last, plan every limit, keep those the guards
@@ -155,14 +156,15 @@ class LearnedPolicy(PolicyBase):
             proposal[v.name] = new
         settle(proposal, plans, {v.name: v.limit for v in view.containers}, self.chances, floor)
         self.fast_held = {n: proposal[n] for n in proposal if plans[n].kind is PlanKind.TOO_FAST}
-        ups: dict[str, tuple[float | None, str]] = {}
+        limits_set: dict[str, float | None] = {}
+        reasons: dict[str, Reason] = {}
         for v in view.containers:
             new, old, curve = proposal[v.name], v.limit, self.curves[v.name]
             fit, at = curve.solve(), curve.predict_limit(new * cores)
             curve.timing.expected = (None if fit is None or at is None
                                      else (at[0], OUTLIER_SD * max(fit.noise_sd, NOISE_PRIOR) + at[1]))
             curve.timing.strikes = 0
-            curve.foresight = foresee(curve, new * cores, view.now_s) if new is not None else None
+            curve.switch.foresight = foresee(curve, new * cores, view.now_s) if new is not None else None
             if new != old:
                 curve.timing.changed_at_s = view.now_s
                 lat = curve.predict_limit(new * cores)
@@ -171,7 +173,11 @@ class LearnedPolicy(PolicyBase):
                     step = v.latency_s or v.last_latency_s or 0.0
                 # The batch running now straddles the change and already tells something.
                 curve.timing.expect_at_s = view.now_s + step
-            ups[v.name] = (new, reason(plans[v.name], curve, v.name in self.chances))
+            limits_set[v.name] = new
+            reasons[v.name] = Reason.of(plans[v.name], curve, v.name in self.chances)
+        self.reasons = reasons
+        # The one place a reason becomes text: the Decision carries it to messages and logs.
+        ups = {name: (new, reasons[name].text()) for name, new in limits_set.items()}
         interval = self._next_interval(view.now_s)
         return build_decision(self.name, view, cl, ups, interval_s=interval,
                               listener=f"next informative batch in {interval:.3g} s")
@@ -204,17 +210,6 @@ class LearnedPolicy(PolicyBase):
 def prior_theta(profile: ModelProfile) -> float:
     """log latency at one core per a calibrated profile: its CPU work per batch (one thread or more)."""
     return math.log(profile.latency_s(1.0, max(1.0, float(profile.threads))))
-
-
-def reason(plan: Plan, curve: Curve, chance: bool = False) -> str:
-    """A round's reason for one container, for people: its plan's kind and what its fit says."""
-    kind = f"{plan.kind}{CHANCE_NOTE}" if chance else str(plan.kind)
-    f = curve.solve()
-    if f is None:
-        return f"learned: {kind} (no clean batch yet)"
-    pooled = f", its replicas' curve ±{math.sqrt(curve.height_node[2]):.2f}" if curve.height_node is not None else ""
-    steps = ", whole cores above one: its threads follow the limit" if curve.steps else ""
-    return f"learned: {kind} (k {f.k:.2f}, noise {f.noise_sd:.2f}, {curve.n} batches{pooled}{steps})"
 
 
 SPEC = PolicySpec(

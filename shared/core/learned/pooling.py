@@ -47,8 +47,8 @@ def note_recent(v: ContainerView, curve: Curve, cores: float) -> None:
         if pred is None:
             continue
         z = (math.log(b.latency_s) - pred[0]) / batch_sd(fit, pred)
-        curve.recent.append(Deviation(b.finished_at_s - b.latency_s, b.finished_at_s, z))
-    del curve.recent[:-SPELL_RECENT]
+        curve.watch.recent.append(Deviation(b.finished_at_s - b.latency_s, b.finished_at_s, z))
+    del curve.watch.recent[:-SPELL_RECENT]
 
 
 def node_spell(curves: Mapping[str, Curve], name: str, start_s: float, end_s: float, side: float) -> bool:
@@ -60,7 +60,7 @@ def node_spell(curves: Mapping[str, Curve], name: str, start_s: float, end_s: fl
     for other, c in curves.items():
         if other == name:
             continue
-        during = [z for b0, b1, z in c.recent if b1 > start_s and b0 < end_s]
+        during = [z for b0, b1, z in c.watch.recent if b1 > start_s and b0 < end_s]
         if during:
             # Its batches then, taken together, in standard errors; none counts for more than an
             # outlier, so that one neighbour's own drift does not pass for the node's.
@@ -81,7 +81,7 @@ def pool_slopes(curves: dict[str, Curve], own: Mapping[str, Fit | None] | None =
     pinned: dict[str, tuple[float, float]] = {}
     for name, c in curves.items():
         f = fits[name]
-        if f is not None and math.sqrt(f.var_k) <= POOL_PINNED * c.k_sd:
+        if f is not None and math.sqrt(f.var_k) <= POOL_PINNED * c.prior.k_sd:
             pinned[name] = (f.k, f.var_k)
     tau2 = (between_variance([list(pinned.values())]) or 0.0) if len(pinned) >= 2 else 0.0
     others_of = leave_one_out(pinned, tau2)
@@ -90,14 +90,14 @@ def pool_slopes(curves: dict[str, Curve], own: Mapping[str, Fit | None] | None =
         prior = None
         if pooled is not None and pooled[2] >= POOL_MIN:
             prior = (pooled[0], math.sqrt(tau2 + pooled[1]))
-        if prior != c.k_node:
-            c.k_node = prior
+        if prior != c.node.k:
+            c.node.k = prior
             c.fit = None
 
 
 def own_fits(curves: dict[str, Curve]) -> dict[str, Fit | None]:
     """Each curve's fit on its own data under its own prior on k: what it says by itself."""
-    return {n: c.solve_memory(c.long_active, own=True) for n, c in curves.items()}
+    return {n: c.solve_memory(c.switch.long_active, own=True) for n, c in curves.items()}
 
 
 def pool_heights(curves: dict[str, Curve], own: Mapping[str, Fit | None] | None = None) -> None:
@@ -116,15 +116,15 @@ def pool_heights(curves: dict[str, Curve], own: Mapping[str, Fit | None] | None 
     members: dict[str, dict[str, tuple[Fit, Curve]]] = {}
     for n, c in curves.items():
         f = alone[n]
-        if c.workload is not None and not c.solo and f is not None:
-            members.setdefault(c.workload, {})[n] = (f, c)
+        if c.node.workload is not None and not c.node.solo and f is not None:
+            members.setdefault(c.node.workload, {})[n] = (f, c)
     groups: dict[str, dict[str, tuple[float, float]]] = {}
     at: dict[str, float] = {}
     for workload in sorted(members):  # a fixed order: the same sums, to the last bit, every time
         fits = members[workload]
         xs = []
         for f, c in fits.values():
-            sums = c.long_sums if c.long_active else c.short_sums
+            sums = c.sums.long if c.switch.long_active else c.sums.short
             if sums[0] > 0:
                 xs.append((sums[2] / sums[0], 1.0 / max(f.var_theta, 1e-12)))
         if not xs:
@@ -144,12 +144,12 @@ def pool_heights(curves: dict[str, Curve], own: Mapping[str, Fit | None] | None 
     others_in = {key: leave_one_out(heights, tau2) for key, heights in groups.items()}
     for name, c in curves.items():
         prior = None
-        key = None if c.solo else group_of(c.workload, groups)
+        key = None if c.node.solo else group_of(c.node.workload, groups)
         pooled = others_in[key](name) if key is not None else None
         if key is not None and pooled is not None:
             prior = (at[key], pooled[0], tau2 + pooled[1])
-        if prior != c.height_node:
-            c.height_node = prior
+        if prior != c.node.height:
+            c.node.height = prior
             c.fit = None
 
 

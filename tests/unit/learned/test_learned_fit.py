@@ -76,11 +76,11 @@ def test_the_warm_up_batch_counts_little_and_a_binding_limit_is_read_as_the_core
     # 4-core node, a limit of half the node (2 cores) used fully: read at 2 cores.
     first = BatchObs(latency_s=5.0, finished_at_s=5.0, limit=0.5, clean=True, index=0, cpu_s=10.0)
     observe(_view((first,), 0.5), c, 4.0, 0.5, memory, 5.0, None)
-    assert c.sw == pytest.approx(WARMUP_WEIGHT)
-    assert math.exp(c.sx / c.sw) == pytest.approx(2.0)
+    assert c.sums.sw == pytest.approx(WARMUP_WEIGHT)
+    assert math.exp(c.sums.sx / c.sums.sw) == pytest.approx(2.0)
     second = BatchObs(latency_s=5.0, finished_at_s=10.0, limit=0.5, clean=True, index=1, cpu_s=10.0)
     observe(_view((second,), 0.5), c, 4.0, 0.5, memory, 5.0, None)
-    assert c.n == 2 and c.sw == pytest.approx(WARMUP_WEIGHT * 0.5 ** (1 / 8) + 1.0)
+    assert c.n == 2 and c.sums.sw == pytest.approx(WARMUP_WEIGHT * 0.5 ** (1 / 8) + 1.0)
 
 
 def test_a_batch_that_left_its_limit_unused_on_an_idle_node_shows_a_ceiling():
@@ -91,4 +91,4 @@ def test_a_batch_that_left_its_limit_unused_on_an_idle_node_shows_a_ceiling():
     observe(_view(batches, 0.5), c, 4.0, 0.3, memory, 5.0, None)
     assert c.sat_cores == pytest.approx(1.05)
     # Read at the cores it used, not the limit.
-    assert math.exp(c.sx / c.sw) == pytest.approx(1.0)
+    assert math.exp(c.sums.sx / c.sums.sw) == pytest.approx(1.0)

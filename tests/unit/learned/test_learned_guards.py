@@ -34,9 +34,9 @@ def test_one_batch_far_off_is_held_out_and_released_down_weighted_when_the_next_
     c = settled()
     sd_before = c.noise
     take(c, X, math.log(20.0), 1.0, DECAY)
-    assert c.n == 12 and len(c.suspects) == 1 and c.noise == sd_before
+    assert c.n == 12 and len(c.watch.suspects) == 1 and c.noise == sd_before
     take(c, X, math.log(10.0), 1.0, DECAY)
-    assert c.n == 14 and not c.suspects
+    assert c.n == 14 and not c.watch.suspects
     assert math.exp(c.predict(1.0)[0]) < 11.0  # the odd batch counted little
 
 
@@ -44,7 +44,7 @@ def test_two_batches_far_off_on_one_side_restart_the_curve_from_them():
     c = settled()
     take(c, X, math.log(20.0), 1.0, DECAY)
     take(c, X, math.log(21.0), 1.0, DECAY)
-    assert c.n == 2 and c.solo and c.before is not None
+    assert c.n == 2 and c.node.solo and c.watch.before is not None
     assert math.exp(c.predict(1.0)[0]) == pytest.approx(20.5, rel=0.03)
 
 
@@ -52,7 +52,7 @@ def test_two_far_off_on_opposite_sides_are_no_drift():
     c = settled()
     take(c, X, math.log(20.0), 1.0, DECAY)
     take(c, X, math.log(5.0), 1.0, DECAY)
-    assert c.n == 13 and len(c.suspects) == 1 and c.before is None
+    assert c.n == 13 and len(c.watch.suspects) == 1 and c.watch.before is None
 
 
 def test_a_restart_is_undone_when_two_batches_land_where_the_curve_before_put_them():
@@ -61,7 +61,7 @@ def test_a_restart_is_undone_when_two_batches_land_where_the_curve_before_put_th
     take(c, X, math.log(21.0), 1.0, DECAY)
     for _ in range(2):
         take(c, X, math.log(10.0), 1.0, DECAY)
-    assert c.before is None and not c.solo
+    assert c.watch.before is None and not c.node.solo
     assert math.exp(c.predict(1.0)[0]) == pytest.approx(10.0, rel=0.03)
 
 
@@ -77,7 +77,7 @@ def test_a_spell_of_the_node_holds_a_restart_off_for_as_many_batches_as_a_restar
         take(c, X, math.log(20.0), 1.0, DECAY, float(i), spell)
         if i <= RESTART_WATCH:
             assert c.n == 12, i  # held: the node was slow alike
-    assert c.n <= 3 and c.solo  # past the watch: a drift after all
+    assert c.n <= 3 and c.node.solo  # past the watch: a drift after all
     assert asked and all(side == 1.0 for side in asked)
 
 
@@ -136,4 +136,24 @@ def test_the_outlier_threshold_is_in_standard_deviations():
     within, beyond = settled(), settled()
     take(within, X, math.log(10.0) + 0.9 * OUTLIER_SD * sd, 1.0, DECAY)
     take(beyond, X, math.log(10.0) + 1.1 * OUTLIER_SD * sd, 1.0, DECAY)
-    assert not within.suspects and len(beyond.suspects) == 1
+    assert not within.watch.suspects and len(beyond.watch.suspects) == 1
+
+
+def test_a_restart_keeps_the_curve_before_it_apart_and_a_return_restores_only_the_curves_own_parts():
+    c = settled()
+    c.node.k = (1.0, 0.01)  # the node's slope: what the node says now, not part of the curve's own past
+    short, long, k_sd = c.sums.short, list(c.sums.long), c.prior.k_sd
+    c.restart()
+    old = c.watch.before
+    assert old is not None and (old.sums.short, old.sums.long, old.sums.n) == (short, long, 12)
+    assert c.sums.n == 0 and c.node.solo and c.prior.theta_sd == math.inf and c.prior.k_sd != k_sd
+    c.add(math.log(2.0), math.log(30.0), 1.0, DECAY)  # the restarted curve learns ...
+    assert (old.sums.short, old.sums.long, old.sums.n) == (short, long, 12)  # ... and the old one is untouched
+    c.node.k = (0.9, 0.02)
+    back = old.predict(1.0)
+    assert back is not None
+    c.check_back(X, back[0])
+    c.check_back(X, back[0])  # two batches in a row where the curve before put them: it was a spell
+    assert c.watch.before is None and c.fit is None
+    assert (c.sums.short, c.sums.n, c.prior.k_sd, c.node.solo) == (short, 12, k_sd, False)
+    assert c.node.k == (0.9, 0.02)  # the node's slope as it is now, not as it was
