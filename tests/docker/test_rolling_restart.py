@@ -23,8 +23,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from role_parts import Role, dqoes, worker_pid
 
 from shared import subjects
 from shared.bus import Bus
@@ -40,74 +39,11 @@ from shared.ports import free_port
 from shared.schema import DecisionMsg, LatencyEvent, NodeState
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 CORES = 2.0
 WORK_CPU_S = 0.1
 """CPU seconds of one batch: its latency is this over its limit in cores (all the node's without one)."""
 OBJECTIVES_S = {"a": 0.4, "b": 0.8}
 TOLERANCE_CORES = 0.005
-
-
-def _env(state: Path) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DQOES_STATE_DIR": str(state)}
-    for k in [k for k in env if k.startswith("DQOES_") and k != "DQOES_STATE_DIR"]:
-        env.pop(k)
-    return env
-
-
-def dqoes(*args: str, state: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=_env(state))
-
-
-@dataclass
-class Role:
-    argv: list[str]
-    state: Path
-    out: Path
-    proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Role:
-        with self.out.open("ab") as f:
-            self.proc = subprocess.Popen([sys.executable, "-m", "services.cli", *self.argv], stdout=f,
-                                         stderr=subprocess.STDOUT, cwd=REPO, env=_env(self.state))
-        return self
-
-    def text(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def wait_for(self, needle: str, count: int = 1, timeout_s: float = 90) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.text().count(needle) < count:
-            assert self.proc is not None and self.proc.poll() is None, self.text()[-3000:]
-            assert time.monotonic() < deadline, f"no {needle!r} x{count} in:\n{self.text()[-3000:]}"
-            time.sleep(0.1)
-
-    def stop(self) -> int | None:
-        """SIGTERM to the supervisor, as systemd stops the unit (KillMode=mixed)."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(40)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-def worker_pid(role: Role) -> int:
-    """The worker below the role's supervisor."""
-    assert role.proc is not None
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == role.proc.pid and b"services.worker" in (stat.parent / "cmdline").read_bytes():
-                return int(stat.parent.name)
-        except (OSError, ValueError, IndexError):
-            continue
-    raise AssertionError(f"no worker below {role.proc.pid}:\n{role.text()[-2000:]}")
 
 
 @dataclass

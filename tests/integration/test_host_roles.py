@@ -17,68 +17,18 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from role_parts import Role, dqoes, serve
 
 from shared import auth, subjects
 from shared.bus import Bus, BusError
 from shared.ports import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _env(state: Path) -> dict[str, str]:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "DQOES_STATE_DIR": str(state)}
-    for k in ("DQOES_NATS_URL", "DQOES_NATS_CREDS", "DQOES_CONFIG", "DQOES_NODE", "DQOES_RUNTIME"):
-        env.pop(k, None)
-    return env
-
-
-def dqoes(*args: str, state: Path, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "services.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO, env=_env(state))
-
-
-@dataclass
-class Role:
-    proc: subprocess.Popen[bytes]
-    out: Path
-    state: Path
-
-    def text(self) -> str:
-        return self.out.read_text(errors="replace")
-
-    def wait_for(self, needle: str, timeout_s: float = 60, count: int = 1) -> None:
-        deadline = time.monotonic() + timeout_s
-        while self.text().count(needle) < count:
-            assert self.proc.poll() is None, self.text()[-3000:]
-            assert time.monotonic() < deadline, f"no {needle!r} in:\n{self.text()[-3000:]}"
-            time.sleep(0.1)
-
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-def serve(role: str, state: Path, out: Path, *extra: str) -> Role:
-    with out.open("wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "services.cli", "serve", role, *extra],
-                                stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=_env(state))
-    return Role(proc, out, state)
-
-
 def children_of(pid: int) -> dict[int, str]:
     """The processes below `pid` now, with their command lines."""
     parent_of = {}
@@ -116,7 +66,7 @@ def one(procs: dict[int, str], needle: str) -> int:
 def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Role, str]]:
     state = tmp_path_factory.mktemp("cp-state")
     port = free_port()
-    role = serve("control-plane", state, state.parent / "cp.out", "--listen", "127.0.0.1", "--port", str(port))
+    role = serve(state, state.parent / "cp.out", "control-plane", "--listen", "127.0.0.1", "--port", str(port))
     try:
         role.wait_for("control plane: ready")
         yield role, f"nats://127.0.0.1:{port}"
@@ -274,29 +224,29 @@ def test_bad_tokens_are_refused_with_one_line_and_change_nothing(control_plane, 
 def test_roles_restart_their_children_and_take_them_along(control_plane, tmp_path):
     role, url = control_plane
     # control plane: a killed manager and a killed nats-server come back
-    kids = children_of(role.proc.pid)
+    kids = children_of(role.pid)
     manager = one(kids, "services.manager")
     server = one(kids, "nats-server")
     os.kill(manager, signal.SIGKILL)
     role.wait_for("manager restarted", timeout_s=30)
     os.kill(server, signal.SIGKILL)
     role.wait_for("nats-server exited", timeout_s=30)
-    assert one(children_of(role.proc.pid), "nats-server") != server
+    assert one(children_of(role.pid), "nats-server") != server
     # node: joins with its token on first start (sim runtime), its worker restarts after a kill
     node_state = tmp_path / "host-c"
-    node = serve("node", node_state, tmp_path / "node.out", "--control-plane", url, "--join-token", token(role),
+    node = serve(node_state, tmp_path / "node.out", "node", "--control-plane", url, "--join-token", token(role),
                  "--name", "worker-1", "--runtime", "sim", "--scenario", "paper-identical-achievable",
                  "--time-scale", "10")
     try:
         node.wait_for("node worker-1: worker on the sim runtime")
-        worker = one(children_of(node.proc.pid), "services.worker")
+        worker = one(children_of(node.pid), "services.worker")
         deadline = time.monotonic() + 30
         while "connected to NATS" not in (node_state / "node" / "worker-worker-1.log").read_text(errors="replace"):
             assert time.monotonic() < deadline, node.text()
             time.sleep(0.2)
         os.kill(worker, signal.SIGKILL)
         node.wait_for("worker-worker-1 restarted", timeout_s=30)
-        worker = one(children_of(node.proc.pid), "services.worker")
+        worker = one(children_of(node.pid), "services.worker")
         # a second node role on the same state directory is refused with one line
         second = dqoes("serve", "node", state=node_state, timeout=30)
         assert second.returncode == 2 and "in use" in second.stderr, second.stderr
@@ -313,9 +263,9 @@ def test_roles_restart_their_children_and_take_them_along(control_plane, tmp_pat
 
 def test_sigterm_stops_the_control_plane_and_its_children(tmp_path):
     state = tmp_path / "state"
-    role = serve("control-plane", state, tmp_path / "cp.out", "--listen", "127.0.0.1", "--port", str(free_port()))
+    role = serve(state, tmp_path / "cp.out", "control-plane", "--listen", "127.0.0.1", "--port", str(free_port()))
     role.wait_for("control plane: ready")
-    kids = children_of(role.proc.pid)
+    kids = children_of(role.pid)
     assert {"nats-server", "services.manager"} <= {k for k in ("nats-server", "services.manager")
                                                     if any(k in c for c in kids.values())}
     assert role.stop() == 0
@@ -335,14 +285,14 @@ def test_a_bad_config_file_stops_a_role_with_one_line(tmp_path):
 def test_joined_nodes_survive_a_restart_of_the_control_plane(tmp_path):
     state, port = tmp_path / "state", free_port()
     url = f"nats://127.0.0.1:{port}"
-    first = serve("control-plane", state, tmp_path / "cp1.out", "--port", str(port))
+    first = serve(state, tmp_path / "cp1.out", "control-plane", "--port", str(port))
     try:
         first.wait_for("control plane: ready")
         r = join(url, token(first), tmp_path / "host-d", "n5")
         assert r.returncode == 0, r.stderr
     finally:
         assert first.stop() == 0
-    second = serve("control-plane", state, tmp_path / "cp2.out", "--port", str(port))
+    second = serve(state, tmp_path / "cp2.out", "control-plane", "--port", str(port))
     try:
         second.wait_for("control plane: ready")
         creds = tmp_path / "host-d" / "node" / "auth" / "worker-n5.creds"
@@ -367,7 +317,7 @@ def test_a_node_joins_with_a_token_file_once_and_a_restart_reuses_its_keys(contr
     node_state = tmp_path / "host-e"
     args = ("--control-plane", url, "--join-token-file", str(token_file), "--apps-creds", str(apps / "inference.creds"),
             "--name", "apps-1", "--runtime", "sim", "--scenario", "paper-identical-achievable", "--time-scale", "10")
-    first = serve("node", node_state, tmp_path / "first.out", *args)
+    first = serve(node_state, tmp_path / "first.out", "node", *args)
     try:
         first.wait_for("node apps-1: joined")
         first.wait_for("node apps-1: worker on the sim runtime")
@@ -375,7 +325,7 @@ def test_a_node_joins_with_a_token_file_once_and_a_restart_reuses_its_keys(contr
         assert first.stop() == 0, first.text()
     assert auth.load(apps / "inference.creds").identity == "inference-apps-1"
     keys = json.loads(dqoes("node", "list", "--json", state=role.state).stdout)["nodes"]
-    second = serve("node", node_state, tmp_path / "second.out", *args)
+    second = serve(node_state, tmp_path / "second.out", "node", *args)
     try:
         second.wait_for("node apps-1: joined")  # "... before; its keys ... are reused"
         second.wait_for("node apps-1: worker on the sim runtime")
