@@ -13,30 +13,16 @@ twice, NaN and Infinity are refused too. A msgpack body never starts with
 
 from __future__ import annotations
 
-import json
 import time
-from typing import Any
 
 import msgpack
 
 from shared import schema
+from shared.public import DuplicateKey, loads_strict
 from shared.schema import LatencyEvent, SchemaError
 
 _BRACE = ord("{")
 MAX_JSON_BYTES = 64 * 1024
-
-
-def _unique(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
-    out: dict[Any, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise SchemaError(f"latency: JSON names {key!r} twice")
-        out[key] = value
-    return out
-
-
-def _no_constant(name: str) -> Any:
-    raise SchemaError(f"latency: {name} is not JSON")
 
 
 def decode_latency_any(data: bytes | bytearray | memoryview) -> LatencyEvent:
@@ -47,9 +33,9 @@ def decode_latency_any(data: bytes | bytearray | memoryview) -> LatencyEvent:
     if len(raw) > MAX_JSON_BYTES:
         raise SchemaError(f"latency: JSON over {MAX_JSON_BYTES} bytes")
     try:
-        obj = json.loads(raw, object_pairs_hook=_unique, parse_constant=_no_constant)
-    except SchemaError:
-        raise
+        obj = loads_strict(raw)
+    except DuplicateKey as e:
+        raise SchemaError(f"latency: JSON names a key twice ({e})") from None
     except (ValueError, RecursionError) as e:
         raise SchemaError(f"latency: neither msgpack nor JSON ({' '.join(str(e).split())[:120]})") from None
     if not isinstance(obj, dict):
