@@ -1,17 +1,20 @@
-"""A stored service objective follows a Swarm redeploy: new task containers are governed at once.
+"""A stored service objective follows a redeploy: replaced containers are governed at once.
 
 Why: replacing a service's containers (`docker service update --force`, a new
-image, a rescheduled task) gives them new names and ids; an objective set for
-the service (`dqoes target set --service NAME`) must govern the replacements
-from the worker's first round with them, without anyone setting it again.
+image, a rescheduled task) gives Swarm tasks new names and ids, and compose
+containers new ids under the same name; an objective set for the service
+(`dqoes target set --service NAME`) must govern the replacements from the
+worker's first round with them, without anyone setting it again.
 
 Real parts: a single-node Swarm on this machine's engine (initialised when none
 is active, left again after), a service of the control-plane image
 (dqoes:latest) running tests/multihost/load.py (pure-Python "batches" published
 on NATS), a real nats-server with the project's auth, the manager as a
 subprocess, the `dqoes` CLI as a subprocess, and the worker in this process on
-the Docker runtime. Marked `swarm` and `slow`; skipped without an engine or the
-image (a failure with DQOES_REQUIRE_DOCKER=1).
+the Docker runtime. The compose case makes its containers with compose's labels
+and names (no compose binary needed). Marked `slow` (the Swarm test also
+`swarm`); skipped without an engine or the image (a failure with
+DQOES_REQUIRE_DOCKER=1).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from shared.bus import Bus
 from shared.messages import DecisionMsg, NodeState
 from shared.natsd import NatsServer
 
-pytestmark = [pytest.mark.anyio, pytest.mark.swarm, pytest.mark.slow, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.anyio, pytest.mark.slow, pytest.mark.timeout(180)]
 
 REPO = Path(__file__).resolve().parents[2]
 LOAD_PY = REPO / "tests" / "multihost" / "load.py"
@@ -115,6 +118,7 @@ class Deployment:
         self.bus: Bus | None = None
         self.app: Any = None
         self._serving: asyncio.Task[None] | None = None
+        self.compose_names: set[str] = set()
 
     async def start(self) -> None:
         self.nats.start()
@@ -130,20 +134,48 @@ class Deployment:
                            initial_interval_s=ROUND_S, state_interval_s=0.5, require_node_label=True)
         self.app = await build(cfg)
         self._serving = asyncio.create_task(serve(self.app, handle_signals=False))
-        creds = auth.creds_path(self.auth_dir, f"inference-{self.node}")
+
+    def load_env(self) -> dict[str, str]:
+        """What a load container needs to publish its batches to this deployment's NATS."""
+        return {"DQOES_NATS_URL": self.nats.url, "DQOES_NATS_CREDS": "/run/dqoes/nats.creds",
+                "DQOES_NODE": self.node, "DQOES_LOAD_WORK": "100000"}
+
+    def creds(self) -> Path:
+        return auth.creds_path(self.auth_dir, f"inference-{self.node}")
+
+    def create_service(self) -> None:
+        """A Swarm service of one load task on the host's network, with the worker's labels."""
+        creds = self.creds()
         sh("docker", "service", "create", "--detach", "--name", self.service, "--replicas", "1",
            "--network", "host", "--init", "--stop-grace-period", "2s",
            "--container-label", "dqoes.managed=true", "--container-label", f"dqoes.node={self.node}",
            "--container-label", "dqoes.model=busy",
-           "--env", f"DQOES_NATS_URL={self.nats.url}", "--env", "DQOES_NATS_CREDS=/run/dqoes/nats.creds",
-           "--env", f"DQOES_NODE={self.node}", "--env", "DQOES_CONTAINER_NAME={{.Task.Name}}",
-           "--env", "DQOES_LOAD_WORK=100000",
+           *(a for k, v in self.load_env().items() for a in ("--env", f"{k}={v}")),
+           "--env", "DQOES_CONTAINER_NAME={{.Task.Name}}",
            "--mount", f"type=bind,src={creds},dst=/run/dqoes/nats.creds,readonly",
            "--mount", f"type=bind,src={LOAD_PY},dst=/opt/dqoes-load.py,readonly",
            "--entrypoint", "python /opt/dqoes-load.py", IMAGE)
 
     def url_as(self, identity: str) -> str:
         return auth.with_credentials(self.nats.url, auth.load(auth.creds_path(self.auth_dir, identity)))
+
+    def compose_up(self, service: str) -> str:
+        """A container as `docker compose up` makes it (its labels, the fixed name `<project>-<service>-1`);
+        called again, it replaces the container under the same name, as `up --force-recreate` does."""
+        project = f"{self.node}-proj"
+        name = f"{project}-{service}-1"
+        with contextlib.suppress(Exception):
+            self.client.containers.get(name).remove(force=True)
+        self.client.containers.run(
+            IMAGE, ["python", "/opt/dqoes-load.py"], name=name, detach=True, init=True, network_mode="host",
+            labels={"dqoes.managed": "true", "dqoes.node": self.node, "dqoes.model": "busy",
+                    "com.docker.compose.project": project, "com.docker.compose.service": service,
+                    "com.docker.compose.container-number": "1"},
+            environment={**self.load_env(), "DQOES_CONTAINER_NAME": name},
+            volumes={str(self.creds()): {"bind": "/run/dqoes/nats.creds", "mode": "ro"},
+                     str(LOAD_PY): {"bind": "/opt/dqoes-load.py", "mode": "ro"}})
+        self.compose_names.add(name)
+        return name
 
     def tasks(self) -> list[str]:
         """Names of the service's running task containers."""
@@ -155,18 +187,23 @@ class Deployment:
         return sh(sys.executable, "-m", "services.cli", *args, "--nats", self.url_as("client"), "--json", check=False)
 
     def governed(self, name: str) -> tuple[NodeState, Any] | None:
-        """The first state in which `name` is governed by the service's objective with a limit."""
+        """The first state in which `name` is governed by the Swarm service's objective with a limit."""
+        return self.governed_as(name, self.service)
+
+    def governed_as(self, name: str, selector: str, after: float = 0.0) -> tuple[NodeState, Any] | None:
+        """The first state (made after `after`, unix s) in which `name` is governed by `selector`'s
+        objective with a limit."""
         for s in self.states:
-            for c in s.containers:
-                if (c.container == name and c.objective_selector == self.service
+            for c in s.containers if s.at > after else ():
+                if (c.container == name and c.objective_selector == selector
                         and c.objective_s == OBJECTIVE_S and c.limit is not None):
                     return s, c
         return None
 
-    def first_decision(self, name: str) -> tuple[float, float] | None:
-        """(at, new limit) of the first decision that changed `name`'s limit."""
+    def first_decision(self, name: str, after: float = 0.0) -> tuple[float, float] | None:
+        """(at, new limit) of the first decision (made after `after`, unix s) that changed `name`'s limit."""
         for m in self.decisions:
-            for c in m.containers:
+            for c in m.containers if m.at > after else ():
                 if c.container == name and c.new_limit is not None:
                     return m.at, c.new_limit
         return None
@@ -180,6 +217,9 @@ class Deployment:
 
     async def stop(self) -> None:
         sh("docker", "service", "rm", self.service, check=False)
+        for name in self.compose_names:
+            with contextlib.suppress(Exception):
+                self.client.containers.get(name).remove(force=True)
         if self.app is not None:
             self.app.worker.stop()
             if self._serving is not None:
@@ -197,13 +237,21 @@ class Deployment:
 
 
 @pytest.fixture
-async def deployment(swarm: None, docker_client: Any, tmp_path: Path) -> Any:
+async def control(docker_client: Any, tmp_path: Path) -> Any:
+    if sh("docker", "image", "inspect", IMAGE, check=False).returncode != 0:
+        need(f"image {IMAGE} missing; build it with `make images`")
     d = Deployment(docker_client, tmp_path)
     try:
         await d.start()
         yield d
     finally:
         await d.stop()
+
+
+@pytest.fixture
+async def deployment(swarm: None, control: Deployment) -> Any:
+    await asyncio.to_thread(control.create_service)
+    return control
 
 
 async def until(what: str, fn: Any, timeout_s: float, every_s: float = 0.2) -> Any:
@@ -221,6 +269,7 @@ def cpu_quota(d: Deployment, name: str) -> int:
     return d.client.api.inspect_container(name)["HostConfig"]["CpuQuota"]
 
 
+@pytest.mark.swarm
 async def test_a_service_objective_governs_the_tasks_a_forced_update_brings(deployment: Deployment) -> None:
     d = deployment
     (old,) = await until("the service's first task running", lambda: d.tasks(), 60)
@@ -266,3 +315,31 @@ async def test_a_service_objective_governs_the_tasks_a_forced_update_brings(depl
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["target"]["objective_s"] == OBJECTIVE_S, got
+
+
+async def test_a_compose_service_objective_governs_a_recreated_container_of_the_same_name(
+        control: Deployment) -> None:
+    """Compose replaces a container under the same name (`up --force-recreate`, a changed image): the
+    worker must see a new container (unlimited, as created) and limit it again under the stored objective."""
+    d = control
+    name = await asyncio.to_thread(d.compose_up, "web")
+    await until("the worker's state listing the container", lambda: d.first_state_with(name), 30)
+    r = await asyncio.to_thread(d.dqoes, "target", "set", "--service", "web", str(OBJECTIVE_S))
+    assert r.returncode == 0, r.stderr
+    await until("the container governed by the service objective", lambda: d.governed_as(name, "web"), 30)
+    await until("a CPU quota on the container", lambda: cpu_quota(d, name) > 0, 30)
+    old_id = d.client.api.inspect_container(name)["Id"]
+
+    again = await asyncio.to_thread(d.compose_up, "web")
+    info = d.client.api.inspect_container(again)
+    assert again == name and info["Id"] != old_id
+    appeared_s = started_at(info)
+    # The new container has the old one's name: only its limit on the engine tells them apart.
+    await until("a CPU quota on the recreated container", lambda: cpu_quota(d, name) > 0, 30)
+    decided = await until("a decision on the recreated container", lambda: d.first_decision(name, appeared_s), 30)
+    state, c = await until("the recreated container governed by the service objective",
+                           lambda: d.governed_as(name, "web", appeared_s), 30)
+    print(f"recreated {name}: first decision {decided[0] - appeared_s:.2f} s after it started "
+          f"(limit {decided[1]:.3f}; round {ROUND_S:g} s)")
+    assert decided[0] - appeared_s <= ROUND_S + 1.5, decided
+    assert c.objective_source == "target" and c.limit is not None
