@@ -5,7 +5,9 @@ CI run, and a limit change is what the test looks at, not the model. The
 control-plane image has the project's package, so this publishes through
 the same `LatencyPublisher` (dqoes.latency.<node>.<container>) as
 services.inference, as the node's inference identity, under the container's
-hostname (Docker's short id, which the worker maps to the container).
+hostname (Docker's short id, which the worker maps to the container) or
+$DQOES_CONTAINER_NAME where set (a task on the host's network, whose hostname
+is the host's).
 A pure-Python loop's seconds a batch follow its CPU limit; a pause after each
 batch keeps three engines' loads from saturating a small machine.
 Delivered to the tasks as a Swarm config (tests/multihost/load.yml).
@@ -37,7 +39,8 @@ def batch() -> tuple[float, float]:
 
 async def main() -> None:
     url = auth.resolve(os.environ["DQOES_NATS_URL"], os.environ.get("DQOES_NATS_CREDS"))
-    node, name = os.environ["DQOES_NODE"], socket.gethostname()
+    node = os.environ["DQOES_NODE"]
+    name = os.environ.get("DQOES_CONTAINER_NAME") or socket.gethostname()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, stop.set)

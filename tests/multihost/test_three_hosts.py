@@ -14,8 +14,9 @@ labelled pure-Python CPU burner on every node) and objectives. Asserted:
   worker only: its CPU limit changes, the other nodes' containers keep none;
 - a node's worker identity cannot publish for another node: the server
   refuses it (a permissions violation), while its own subjects pass;
-- an objective set once on the service (a container label, one
-  `docker service update`) is applied on every node by that node's worker;
+- an objective set once on the service (`dqoes target set --service`,
+  stored by the manager) is applied on every node by that node's worker,
+  and governs the new tasks of a redeploy (`docker service update --force`);
 - a replaced worker task reuses its host's keys, with no second join;
 - `dqoes node revoke` cuts one node's worker off (the server refuses its
   identity, its state stops arriving) while the other nodes carry on;
@@ -222,27 +223,47 @@ def test_a_nodes_worker_identity_cannot_publish_for_another_node(stack: Stack) -
 
 
 def test_an_objective_set_once_on_the_service_applies_on_every_node(stack: Stack) -> None:
+    """`dqoes target set --service` once: stored by the manager, handed to every node's worker, which
+    governs its task of the service; after a redeploy (new task containers everywhere) the new tasks
+    are governed by the stored objective without it being set again."""
     engs = stack.cluster.engines
-    done = subprocess.run(["docker", "service", "update", "--detach", "--container-label-add",
-                           f"dqoes.objective_s={OBJECTIVE_S}", f"{APPS}_load"], env=stack.env,
+    service = f"{APPS}_load"
+    before = {e.name: task_of(e, service) for e in engs}
+    assert all(before.values()), before
+    out = json.loads(stack.dqoes("target", "set", "--service", service, str(OBJECTIVE_S), "--json"))
+    assert out["ok"] and out["service"] == service, out
+
+    def governed(tasks: dict[str, str]) -> dict[str, Any] | None:
+        """The status rows of `tasks` when each is reported by its node under the service's objective."""
+        rows = {c["container"]: c for c in stack.status()["containers"]}
+        mine = {n: rows.get(t) for n, t in tasks.items()}
+        ok = all(r and r["node"] == n and r["objective_s"] == OBJECTIVE_S and r["objective_selector"] == service
+                 for n, r in mine.items())
+        return mine if ok else None
+
+    # The tasks that carry no objective of their own (an earlier test gave one its own, which wins).
+    own = {c["container"] for c in stack.status()["containers"] if c.get("objective_source") == "target"
+           and not c.get("objective_selector")}
+    free = {n: t for n, t in before.items() if t not in own}
+    assert free, (before, own)
+    wait_for(lambda: governed(free), 60, f"the service objective in force on {sorted(free)}")
+    for e in engs:
+        if e.name in free:
+            wait_for(lambda e=e: limited(e, before[e.name]), 90, f"the worker of {e.name} limits {before[e.name]}")
+
+    # A redeploy: every node's task replaced by a new container, governed by the stored objective.
+    done = subprocess.run(["docker", "service", "update", "--detach", "--force", service], env=stack.env,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
 
     def new_tasks() -> dict[str, str] | None:
-        out: dict[str, str] = {}
-        for e in engs:
-            for name in e.docker("ps", "--filter", f"label=com.docker.swarm.service.name={APPS}_load",
-                                 "--filter", "label=dqoes.objective_s", "--format", "{{.Names}}").splitlines():
-                out[e.name] = name
-        return out if len(out) == len(engs) else None
+        now = {e.name: task_of(e, service) for e in engs}
+        return now if all(t and t != before[n] for n, t in now.items()) else None
 
-    tasks = wait_for(new_tasks, 120, "the labelled load task runs on every engine")
+    tasks = wait_for(new_tasks, 120, "a new load task runs on every engine")
     for e in engs:
         wait_for(lambda e=e: limited(e, tasks[e.name]), 90, f"the worker of {e.name} limits {tasks[e.name]}")
-    rows = {c["container"]: c for c in stack.status()["containers"]}
-    for e in engs:
-        assert rows[tasks[e.name]]["node"] == e.name, rows
-        assert rows[tasks[e.name]]["objective_s"] == OBJECTIVE_S, rows
+    wait_for(lambda: governed(tasks), 30, "every node reports its new task under the service's objective")
 
 
 def test_a_plain_container_on_the_network_is_governed_by_its_nodes_worker(stack: Stack) -> None:
