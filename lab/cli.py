@@ -26,7 +26,15 @@ from experiments.common import (
     sigterm_as_interrupt,
     update_section,
 )
-from lab import loadgen, nodes, results_page, serving_real, serving_table, training_calibrate, training_real
+from lab import (
+    loadgen,
+    nodes,
+    results_page,
+    serving_real,
+    serving_table,
+    training_calibrate,
+    training_real,
+)
 from services.cli.common import CliError, emit_json, parse_seeds, parse_with_pairs
 from shared.scenarios.spec import ScenarioError
 from shared.scenarios.training import TRAINING_BUILTINS
