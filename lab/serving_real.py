@@ -328,8 +328,8 @@ async def experiment(opts: Options, log: Callable[[str], None]) -> dict[str, Any
             + ", ".join(f"{s['name']} {s['worker_over_client']}" for s in r["servers"]))
     return {
         "command": "python -m lab serving-real " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in (("cores", f"{opts.cores:g}"),
-                                                        ("duration-s", f"{opts.duration_s:g}"))),
+            f"--{k} {v:g}" for k, v in (("cores", opts.cores), ("duration-s", opts.duration_s),
+                                        ("calibrate-s", opts.calibrate_s))),
         "servers": [{"name": s.name, "kind": s.kind, "model": s.model, "resolution_px": s.resolution_px}
                     for s in servers],
         "cores": opts.cores, "duration_s": opts.duration_s, "window_s": opts.window_s,

@@ -28,7 +28,7 @@ def intro(d: dict[str, Any], file: str) -> str:
         f"rate and governed by the p95 the worker scrapes from its own metrics page (MLServer's through "
         f"`dqoes.latency.match`, its inference requests only), {d['duration_s']:g} s per policy in "
         f"{d['window_s']:g} s windows. Rates and objectives come from a calibration under default before any "
-        f"policy ran: each server's rate needs {', '.join(f'{x:g}' for x in d['shares'])} of the node's cores at "
+        f"policy ran ({d['calibrate_s']:g} s with all three loaded, half that for each alone): each server's rate needs {', '.join(f'{x:g}' for x in d['shares'])} of the node's cores at "
         f"its measured CPU a request; objectives are {d['tight']:g} x (first server) and {d['loose']:g} x (the "
         f"others) the p95 each had with all three loaded without limits: {objectives}. **Met**: the clients' p95 "
         f"at or under the objective, per window, and at the plateau (median of the last third's windows). "
@@ -38,9 +38,9 @@ def intro(d: dict[str, Any], file: str) -> str:
 
 def section_table(d: dict[str, Any]) -> list[str]:
     n = len(d["servers"])
-    lines = ["| policy | met (plateau) | windows met | CPU (cores) | "
+    lines = ["| policy | met (plateau) | windows met | CPU (cores) | machine busy (cores) | "
              + " | ".join(f"{s['name']} client / worker p95 (ms)" for s in d["servers"]) + " |",
-             "|---|---|---|---|" + "---|" * n]
+             "|---|---|---|---|---|" + "---|" * n]
     for r in d["runs"]:
         cells = []
         for s in r["servers"]:
@@ -49,7 +49,8 @@ def section_table(d: dict[str, Any]) -> list[str]:
             met = "met" if s["plateau_met"] else "missed"
             cells.append(f"{_ms(s['plateau_client_p95_s'])} / {_ms(s['plateau_worker_p95_s'])}{mark}, {met}")
         lines.append(f"| {r['policy']} | {r['met_plateau']}/{n} | {r['windows_met']}/{r['windows']} | "
-                     f"{r['cpu_cores']:.2f} | " + " | ".join(cells) + " |")
+                     f"{r['cpu_cores']:.2f} | {r['machine_busy_cores']:.2f} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append(f"✓: client and worker p95 within {AGREE * 100:.0f} %; otherwise the worker's difference.")
+    lines.append(f"✓: client and worker p95 within {AGREE * 100:.0f} %; otherwise the worker's difference. "
+                 "**CPU**: what the three servers spent; **machine busy**: the whole machine, other work included.")
     return lines

@@ -34,16 +34,16 @@ FIXTURE = {
     "command": "python -m lab serving-real --cores 1.5 --duration-s 60",
     "servers": [{"name": "s1-resnet50", "kind": "serve", "model": "resnet50", "resolution_px": 64},
                 {"name": "s2-mobilenetv2", "kind": "mlserver", "model": "mobilenetv2", "resolution_px": 64}],
-    "cores": 1.5, "duration_s": 60, "window_s": 10, "shares": [0.4, 0.25], "tight": 0.7, "loose": 2.0,
+    "cores": 1.5, "duration_s": 60, "window_s": 10, "calibrate_s": 30, "shares": [0.4, 0.25], "tight": 0.7, "loose": 2.0,
     "calibration": {"rates_rps": {"s1-resnet50": 18.0, "s2-mobilenetv2": 20.0},
                     "objectives_s": {"s1-resnet50": 0.07, "s2-mobilenetv2": 0.2}},
     "runs": [
-        {"policy": "default", "met_plateau": 1, "windows_met": 7, "windows": 12, "cpu_cores": 1.31,
+        {"policy": "default", "met_plateau": 1, "windows_met": 7, "windows": 12, "cpu_cores": 1.31, "machine_busy_cores": 1.9,
          "servers": [{"plateau_client_p95_s": 0.09, "plateau_worker_p95_s": 0.1, "worker_over_client": 1.111,
                       "plateau_met": False},
                      {"plateau_client_p95_s": 0.05, "plateau_worker_p95_s": 0.051, "worker_over_client": 1.02,
                       "plateau_met": True}]},
-        {"policy": "learned", "met_plateau": 2, "windows_met": 10, "windows": 12, "cpu_cores": 1.29,
+        {"policy": "learned", "met_plateau": 2, "windows_met": 10, "windows": 12, "cpu_cores": 1.29, "machine_busy_cores": 1.8,
          "servers": [{"plateau_client_p95_s": 0.06, "plateau_worker_p95_s": None, "worker_over_client": None,
                       "plateau_met": True},
                      {"plateau_client_p95_s": 0.15, "plateau_worker_p95_s": 0.15, "worker_over_client": 1.0,
@@ -54,10 +54,10 @@ FIXTURE = {
 
 def test_the_section_renders_from_a_small_summary() -> None:
     lines = serving_table.section_table(FIXTURE)
-    assert lines[0] == ("| policy | met (plateau) | windows met | CPU (cores) | s1-resnet50 client / worker p95 (ms) | "
+    assert lines[0] == ("| policy | met (plateau) | windows met | CPU (cores) | machine busy (cores) | s1-resnet50 client / worker p95 (ms) | "
                         "s2-mobilenetv2 client / worker p95 (ms) |")
-    assert lines[2] == "| default | 1/2 | 7/12 | 1.31 | 90 / 100 (+11 %), missed | 50 / 51 ✓, met |"
-    assert lines[3] == "| learned | 2/2 | 10/12 | 1.29 | 60 / -, met | 150 / 150 ✓, met |"
+    assert lines[2] == "| default | 1/2 | 7/12 | 1.31 | 1.90 | 90 / 100 (+11 %), missed | 50 / 51 ✓, met |"
+    assert lines[3] == "| learned | 2/2 | 10/12 | 1.29 | 1.80 | 60 / -, met | 150 / 150 ✓, met |"
     text = serving_table.intro(FIXTURE, results_page.FILES["serving_real"])
     assert "2-core machine shared with other work" in text and "docs/data/serving-real.json" in text
     assert "s1-resnet50 70 ms at 18 requests/s" in text and "MLServer, mobilenetv2 at 64 px" in text
