@@ -24,7 +24,7 @@ def intro(d: dict[str, Any], file: str) -> str:
                            for n, v in cal["objectives_s"].items())
     return (
         f"Three model servers co-located on one worker (cgroup runtime, the node capped at {d['cores']:g} cores of "
-        f"a 2-core machine shared with other work): {servers}. Each is driven by its own open-loop load at a steady "
+        f"a {d['machine']['cpus']}-core machine shared with other work): {servers}. Each is driven by its own open-loop load at a steady "
         f"rate and governed by the p95 the worker scrapes from its own metrics page (MLServer's through "
         f"`dqoes.latency.match`, its inference requests only), {d['duration_s']:g} s per policy in "
         f"{d['window_s']:g} s windows. Rates and objectives come from a calibration under default before any "

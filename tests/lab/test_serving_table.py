@@ -34,7 +34,7 @@ FIXTURE = {
     "command": "python -m lab serving-real --cores 1.5 --duration-s 60",
     "servers": [{"name": "s1-resnet50", "kind": "serve", "model": "resnet50", "resolution_px": 64},
                 {"name": "s2-mobilenetv2", "kind": "mlserver", "model": "mobilenetv2", "resolution_px": 64}],
-    "cores": 1.5, "duration_s": 60, "window_s": 10, "calibrate_s": 30, "shares": [0.4, 0.25], "tight": 0.7, "loose": 2.0,
+    "machine": {"cpus": 2, "cpu": "x"}, "cores": 1.5, "duration_s": 60, "window_s": 10, "calibrate_s": 30, "shares": [0.4, 0.25], "tight": 0.7, "loose": 2.0,
     "calibration": {"rates_rps": {"s1-resnet50": 18.0, "s2-mobilenetv2": 20.0},
                     "objectives_s": {"s1-resnet50": 0.07, "s2-mobilenetv2": 0.2}},
     "runs": [
