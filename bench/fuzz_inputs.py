@@ -21,6 +21,7 @@ tests/unit/test_fuzz.py runs a few hundred of each on every `make test`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -126,6 +127,7 @@ LABELS = {"dqoes.managed": "true", "dqoes.objective_s": "5", "dqoes.alpha": "0.2
 PAGE_LINES = ("# TYPE m histogram", 'm_bucket{le="0.1"} 3', 'm_bucket{le="+Inf"} 5', "m_count 5", "m_sum 1.5",
               "# TYPE m summary", 'm{quantile="0.95"} 0.4', 'm{quantile="0.5",x="y"} 0.1',
               "# HELP m Latency.", 'm_bucket{le="0.2",route="/a"} 4', "m_bucket 1")
+MATCHES = ("path=/v2/models/m/infer", "route=/a,method=POST", "a=1,a=2", "=x", "a=b=c", "a=\u00e9,")
 PROMQL_ANSWER = {"status": "success", "data": {"resultType": "vector",
                                                "result": [{"metric": {}, "value": [1.7e9, "0.25"]}]}}
 
@@ -286,6 +288,7 @@ def door_labels(h: Harness, data: bytes) -> bool:
     try:
         spec = parse_source(labels)
         assert 0 < spec.percentile < 100 and spec.window_s > 0 and spec.kind in ("nats", "prometheus", "promql")
+        assert all(name and "," not in value and value.isprintable() for name, value in spec.match)
     except ValueError as e:
         assert "\n" not in str(e)
     objective_s, alpha, error = parse_labels(labels)
@@ -296,7 +299,7 @@ def door_labels(h: Harness, data: bytes) -> bool:
 
 
 def _labels() -> st.SearchStrategy[bytes]:
-    text_or_number = st.one_of(TEXT, NUMBERS.map(repr), st.sampled_from([*LABELS.values(), "promql", "ms"]))
+    text_or_number = st.one_of(TEXT, NUMBERS.map(repr), st.sampled_from([*LABELS.values(), "promql", "ms", *MATCHES]))
     return st.dictionaries(st.sampled_from([*LABELS, *LATENCY_LABELS, "x"]), text_or_number, max_size=6).map(
         lambda d: msgpack.packb(d, use_bin_type=True))
 
@@ -307,8 +310,14 @@ BEFORE = Histogram(((0.1, 1.0), (math.inf, 2.0)))
 def door_metrics_page(h: Harness, data: bytes) -> bool:
     """A container's metrics page (the prometheus latency source): a snapshot or ExpositionError."""
     try:
-        snapshot = parse_metric(data.decode("utf-8"), "m")
-    except (ExpositionError, UnicodeDecodeError):
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    with contextlib.suppress(ExpositionError):  # the same page read through a matcher (dqoes.latency.match)
+        parse_metric(text, "m", (("route", "/a"),))
+    try:
+        snapshot = parse_metric(text, "m")
+    except ExpositionError:
         return False
     r = window(0.95, BEFORE, snapshot, 1.0)
     assert r.latency_s is None or (math.isfinite(r.latency_s) and r.latency_s >= 0), r

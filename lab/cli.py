@@ -12,8 +12,11 @@ the last line of stdout). Bad input is one line on stderr and exit status 2.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 from pathlib import Path
+
+import orjson
 
 from experiments import training as training_exp
 from experiments.common import (
@@ -23,7 +26,15 @@ from experiments.common import (
     sigterm_as_interrupt,
     update_section,
 )
-from lab import loadgen, nodes, results_page, training_calibrate, training_real
+from lab import (
+    loadgen,
+    nodes,
+    results_page,
+    serving_real,
+    serving_table,
+    training_calibrate,
+    training_real,
+)
 from services.cli.common import CliError, emit_json, parse_seeds, parse_with_pairs
 from shared.scenarios.spec import ScenarioError
 from shared.scenarios.training import TRAINING_BUILTINS
@@ -85,6 +96,24 @@ def cmd_calibrate_training(args: argparse.Namespace) -> int:
 
 
 
+def cmd_serving_real(args: argparse.Namespace) -> int:
+    if not 10 <= args.duration_s <= 86_400 or not 1 <= args.window_s <= 600 or not 10 <= args.calibrate_s <= 3600:
+        raise CliError("--duration-s must be in [10, 86400], --window-s in [1, 600], --calibrate-s in [10, 3600]")
+    if not 0.5 <= args.cores <= 1024:
+        raise CliError(f"--cores must be in [0.5, 1024], got {args.cores}")
+    opts = serving_real.Options(servers=args.servers, policies=args.policies, cores=args.cores,
+                                duration_s=args.duration_s, window_s=args.window_s, calibrate_s=args.calibrate_s)
+    d = asyncio.run(serving_real.experiment(opts, lambda m: print(m, file=sys.stderr, flush=True)))
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_bytes(orjson.dumps(d, option=orjson.OPT_INDENT_2) + b"\n")
+    if args.json:
+        emit_json(d)
+    else:
+        print("\n".join(serving_table.section_table(d)))
+    return 0
+
+
 def cmd_results(args: argparse.Namespace) -> int:
     return results_page.run(args)
 
@@ -142,6 +171,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--update", metavar="MD", help="replace the generated section of this Markdown file")
     p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
     p.set_defaults(func=cmd_training_real)
+
+    so = serving_real.Options()
+    p = sub.add_parser(
+        "serving-real", help="three model servers on this node (root), each at its p95 objective, per policy",
+        description="Start three model servers (the inference --serve mode and MLServer) under one worker "
+        "(cgroup runtime, the node capped at --cores), drive each with its own open-loop load, and govern them "
+        "by the p95 the worker scrapes from their metrics pages, once per policy. A short calibration under "
+        "default first sets the rates and the objectives (lab/serving_real.py says how). Progress goes to stderr.",
+        epilog="example: python -m lab serving-real --cores 1.5 --duration-s 60 --out /tmp/serving.json")
+    p.add_argument("--servers", default=so.servers, help=f"kind:model:px, comma-separated (default {so.servers})")
+    p.add_argument("--policies", default=so.policies, help=f"run in this order (default {so.policies})")
+    p.add_argument("--cores", type=float, default=so.cores, help=f"the node's cores (default {so.cores:g})")
+    p.add_argument("--duration-s", type=float, default=so.duration_s,
+                   help=f"seconds of load per policy (default {so.duration_s:g})")
+    p.add_argument("--window-s", type=float, default=so.window_s,
+                   help=f"seconds a window lasts, the clients' and the worker's (default {so.window_s:g})")
+    p.add_argument("--calibrate-s", type=float, default=so.calibrate_s,
+                   help=f"seconds of the calibration with all servers loaded (default {so.calibrate_s:g})")
+    p.add_argument("--out", default=str(results_page.DATA / "serving-real.json"),
+                   help="write the summary here (default docs/data/serving-real.json)")
+    p.add_argument("--json", action="store_true", help="last line of stdout: the summary as one JSON object")
+    p.set_defaults(func=cmd_serving_real)
 
     nodes.add_parsers(sub)
     loadgen.add_parser(sub)

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from experiments.common import ExperimentError
+from lab import serving_table
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "docs" / "data"
@@ -37,6 +38,7 @@ FILES = {
     "training": "sim-training.json",
     "real": "real-runs.json",
     "training_real": "training-real.json",
+    "serving_real": "serving-real.json",
 }
 """What each table is made from, in docs/data."""
 PAPER_POLICIES = ("default", "dqoes", "learned", "oracle")
@@ -227,6 +229,7 @@ def render(data: Path) -> str:
     policies, stress = read(data, "policies"), read(data, "stress")
     paper, training = read(data, "paper"), read(data, "training")
     real, training_real = read(data, "real"), read(data, "training_real")
+    serving = read(data, "serving_real")
     try:
         parts = [
             HEAD,
@@ -260,6 +263,9 @@ def render(data: Path) -> str:
             f"worker, made by `python -m lab training-real` (docs/data/{FILES['training_real']}, with its "
             "options).",
             "\n".join(training_table(training, training_real)),
+            "## Model servers on a real node",
+            serving_table.intro(serving, FILES["serving_real"]),
+            "\n".join(serving_table.section_table(serving)),
         ]
     except (KeyError, TypeError, ValueError, statistics.StatisticsError) as e:
         raise ResultsError(f"{data}: a summary lacks what its table needs ({type(e).__name__}: {e})") from None

@@ -133,7 +133,7 @@ class LatencyPoller:
     def make(self, c: RuntimeContainer, spec: SourceSpec) -> LatencySource:
         if spec.kind == "prometheus":
             return ScrapeSource(endpoint(c, spec), spec.metric or "", spec.quantile, spec.unit_s,
-                                self.timeout_s, self._executor)
+                                self.timeout_s, self._executor, match=spec.match)
         if not self.prometheus_url:
             raise ValueError("dqoes.latency.source=promql needs the worker's --prometheus-url")
         node = self.worker.node

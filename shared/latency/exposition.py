@@ -8,7 +8,10 @@ Every series of the metric is added up by bucket bound, as
 `sum by (le) (...)` would (a server that labels its histogram by route or
 method is governed on all its requests). A page without TYPE lines still
 works: the series are recognised by their names (`<metric>_bucket` with an
-`le` label, `<metric>` with a `quantile` label). Anything else is an
+`le` label, `<metric>` with a `quantile` label). With `match`, only the series
+carrying those label values are added up (as `sum by (le)
+(m_bucket{path="/infer"})` would): a server that times its health and metadata
+requests in the same histogram is governed on its inference requests alone. Anything else is an
 `ExpositionError` with one line saying what was wrong, never another
 exception: the text comes from a container.
 """
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,8 +38,9 @@ class MetricMissing(ExpositionError):
     """The page parsed, but has no histogram or summary of that name (the server exports nothing yet)."""
 
 
-def parse_metric(text: str, metric: str) -> Snapshot:
-    """The histogram (or summary) named `metric` in a Prometheus text page, its series added up."""
+def parse_metric(text: str, metric: str, match: Sequence[tuple[str, str]] = ()) -> Snapshot:
+    """The histogram (or summary) named `metric` in a Prometheus text page, its series added up
+    (those whose labels carry every (name, value) of `match`)."""
     if len(text) > MAX_BYTES:
         raise ExpositionError(f"metrics page over {MAX_BYTES} bytes")
     buckets: dict[float, float] = defaultdict(float)
@@ -45,6 +50,8 @@ def parse_metric(text: str, metric: str) -> Snapshot:
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
+                if match and not all(s.labels.get(k) == v for k, v in match):
+                    continue
                 if s.name == metric + "_bucket" and "le" in s.labels:
                     buckets[_number(s.labels["le"], "le")] += _count(s.value, s.name)
                 elif s.name == metric and "quantile" in s.labels:
@@ -78,6 +85,9 @@ def parse_metric(text: str, metric: str) -> Snapshot:
             raise ExpositionError(f"{metric} is a summary without {metric}_count")
         return Summary(tuple(sorted((q, vs[0]) for q, vs in quantiles.items())), count,
                        total if seen_sum else None)
+    if match:
+        wanted = ",".join(f"{k}={v}" for k, v in match)
+        raise MetricMissing(f"no series of {metric} with {wanted[:120]} on the page")
     raise MetricMissing(f"no histogram or summary named {metric} on the page")
 
 

@@ -111,6 +111,8 @@ class ScrapeSource:
     executor: Executor | None = None
     fetch: Fetch = http_get
     kind: str = "prometheus"
+    match: tuple[tuple[str, str], ...] = ()
+    """Only the series with these label values count (`dqoes.latency.match`)."""
     _before: Snapshot | None = None
     _before_s: float = 0.0
 
@@ -118,7 +120,7 @@ class ScrapeSource:
         loop = asyncio.get_running_loop()
         try:
             body = await loop.run_in_executor(self.executor, self.fetch, self.url, self.timeout_s)
-            snapshot = parse_metric(body.decode("utf-8"), self.metric)
+            snapshot = parse_metric(body.decode("utf-8"), self.metric, self.match)
         except SourceUnreachable as e:
             return WindowReading("unreachable", detail=str(e))
         except MetricMissing as e:

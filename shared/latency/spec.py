@@ -39,9 +39,12 @@ QUERY_LABEL = "dqoes.latency.query"
 """promql: the query giving the latency, {name}, {node} and {model} substituted (required)."""
 RATE_QUERY_LABEL = "dqoes.latency.rate_query"
 """promql: a query giving the request rate a second (optional)."""
+MATCH_LABEL = "dqoes.latency.match"
+"""prometheus: only the series whose labels have these values count, `name=value[,name=value...]`
+(e.g. path=/v2/models/resnet50/infer: a server that times other requests in the same histogram)."""
 
 LABELS = (SOURCE_LABEL, PORT_LABEL, PATH_LABEL, METRIC_LABEL, HOST_LABEL, PERCENTILE_LABEL, WINDOW_LABEL,
-          UNIT_LABEL, QUERY_LABEL, RATE_QUERY_LABEL)
+          UNIT_LABEL, QUERY_LABEL, RATE_QUERY_LABEL, MATCH_LABEL)
 KINDS = ("nats", "prometheus", "promql")
 UNITS_S = {"s": 1.0, "ms": 0.001}
 DEFAULT_PERCENTILE = 95.0
@@ -49,9 +52,12 @@ DEFAULT_WINDOW_S = 10.0
 MIN_WINDOW_S = 0.5
 MAX_WINDOW_S = 3600.0
 MAX_QUERY_CHARS = 2000
+MAX_MATCHERS = 8
+MAX_MATCH_VALUE_CHARS = 200
 
 _METRIC = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]{0,199}$")
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?)$")
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,99}$")
 _PATH = re.compile(r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/?-]{0,255}$")
 
 
@@ -70,6 +76,8 @@ class SourceSpec:
     host: str | None = None
     query: str | None = None
     rate_query: str | None = None
+    match: tuple[tuple[str, str], ...] = ()
+    """prometheus: (label, value) pairs a series must carry to count; empty: every series."""
 
     @property
     def quantile(self) -> float:
@@ -112,7 +120,9 @@ def parse_source(labels: Mapping[str, str]) -> SourceSpec:
         host = labels.get(HOST_LABEL) or None
         if host is not None and not _HOST.match(host):
             raise ValueError(f"{HOST_LABEL}={host[:80]!r} is not a host name or address")
-        return SourceSpec(port=int(raw_port), path=path, metric=metric, host=host, **common)  # type: ignore[arg-type]
+        match = parse_match(labels.get(MATCH_LABEL) or "")
+        return SourceSpec(port=int(raw_port), path=path, metric=metric, host=host, match=match,
+                          **common)  # type: ignore[arg-type]
     query = (labels.get(QUERY_LABEL) or "").strip()
     if not query:
         raise ValueError(f"{SOURCE_LABEL}=promql needs {QUERY_LABEL}")
@@ -121,6 +131,31 @@ def parse_source(labels: Mapping[str, str]) -> SourceSpec:
         if len(text) > MAX_QUERY_CHARS or not text.isprintable():
             raise ValueError(f"{key}: at most {MAX_QUERY_CHARS} printable characters")
     return SourceSpec(query=query, rate_query=rate_query, **common)  # type: ignore[arg-type]
+
+
+def parse_match(text: str) -> tuple[tuple[str, str], ...]:
+    """`name=value,name=value` to (name, value) pairs, sorted; "" gives none. A value may hold `=` but
+    not `,`; each name once. ValueError (one line) naming the label otherwise."""
+    text = text.strip()
+    if not text:
+        return ()
+    pairs: dict[str, str] = {}
+    parts = text.split(",")
+    if len(parts) > MAX_MATCHERS:
+        raise ValueError(f"{MATCH_LABEL}: at most {MAX_MATCHERS} name=value pairs")
+    for part in parts:
+        name, eq, value = part.strip().partition("=")
+        name = name.strip()
+        if not eq or not _LABEL_NAME.match(name):
+            raise ValueError(f"{MATCH_LABEL}={text[:80]!r}: expected name=value[,name=value...] "
+                             "with Prometheus label names")
+        if name in pairs:
+            raise ValueError(f"{MATCH_LABEL}: label {name!r} given twice")
+        if len(value) > MAX_MATCH_VALUE_CHARS or not value.isprintable():
+            raise ValueError(f"{MATCH_LABEL}: the value of {name} must be at most {MAX_MATCH_VALUE_CHARS} "
+                             "printable characters")
+        pairs[name] = value
+    return tuple(sorted(pairs.items()))
 
 
 def substitute(template: str, name: str, node: str, model: str | None, quantile: float | None = None,

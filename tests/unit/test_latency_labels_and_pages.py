@@ -32,6 +32,11 @@ PROM = {"dqoes.latency.source": "prometheus", "dqoes.latency.port": "8000",
       "dqoes.latency.percentile": "99", "dqoes.latency.window_s": "30", "dqoes.latency.unit": "ms",
       "dqoes.latency.host": "10.0.0.7"},
      SourceSpec("prometheus", 99.0, 30.0, 0.001, 8000, "/stats/prometheus", "m", "10.0.0.7")),
+    ({**PROM, "dqoes.latency.match": " path=/v2/models/m/infer , method=POST"},
+     SourceSpec("prometheus", port=8000, metric="request_latency_seconds",
+                match=(("method", "POST"), ("path", "/v2/models/m/infer")))),
+    ({**PROM, "dqoes.latency.match": "q=a=b"},
+     SourceSpec("prometheus", port=8000, metric="request_latency_seconds", match=(("q", "a=b"),))),
     ({"dqoes.latency.source": "promql", "dqoes.latency.query": 'histogram_quantile(0.9, rate(m_bucket{c="{name}"}[1m]))'},
      SourceSpec("promql", query='histogram_quantile(0.9, rate(m_bucket{c="{name}"}[1m]))')),
 ])
@@ -53,6 +58,11 @@ def test_labels_choose_the_source(labels: dict[str, str], want: SourceSpec) -> N
     ({**PROM, "dqoes.latency.path": "metrics"}, "not a URL path"),
     ({**PROM, "dqoes.latency.host": "a b"}, "not a host name"),
     ({"dqoes.latency.source": "promql"}, "needs dqoes.latency.query"),
+    ({**PROM, "dqoes.latency.match": "path"}, "dqoes.latency.match='path': expected name=value"),
+    ({**PROM, "dqoes.latency.match": "a-b=1"}, "Prometheus label names"),
+    ({**PROM, "dqoes.latency.match": "a=1,a=2"}, "label 'a' given twice"),
+    ({**PROM, "dqoes.latency.match": "a=\x00"}, "printable"),
+    ({**PROM, "dqoes.latency.match": ",".join(f"l{i}=1" for i in range(9))}, "at most 8"),
     ({"dqoes.latency.source": "promql", "dqoes.latency.query": "up\x07or x"}, "printable"),
 ])
 def test_a_malformed_label_is_one_line_naming_it(labels: dict[str, str], words: str) -> None:
@@ -87,6 +97,19 @@ def test_a_histogram_page_is_added_up_by_bound() -> None:
     h = parse_metric(PAGE, "m")
     assert isinstance(h, Histogram) and h.buckets == ((0.1, 4.0), (math.inf, 5.0))
     assert h.sum_s == pytest.approx(0.95)
+
+
+def test_a_matcher_adds_up_only_the_series_it_names() -> None:
+    h = parse_metric(PAGE, "m", (("route", "/b"),))
+    assert isinstance(h, Histogram) and h.buckets == ((0.1, 1.0), (math.inf, 1.0))
+    assert h.sum_s == pytest.approx(0.05)
+    both = parse_metric(PAGE, "m", (("route", "/a"),))
+    assert isinstance(both, Histogram) and both.buckets == ((0.1, 3.0), (math.inf, 4.0))
+    # no series with those values yet (a server before its first inference request): missing, not malformed
+    with pytest.raises(MetricMissing, match="route=/c"):
+        parse_metric(PAGE, "m", (("route", "/c"),))
+    with pytest.raises(MetricMissing):
+        parse_metric(PAGE, "m", (("route", "/a"), ("method", "GET")))
 
 
 def test_a_page_without_type_lines_and_a_summary() -> None:
