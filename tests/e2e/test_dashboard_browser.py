@@ -183,11 +183,11 @@ def test_live_run_in_a_real_browser(browser, tmp_path):
 
         # A bad objective: a message, and the manager is never asked.
         page.locator('input[aria-label="container"]').fill("c3")
-        page.locator('input[aria-label="objective (seconds per batch)"]').fill("-1")
+        page.locator('input[aria-label="objective (seconds per batch, or at the percentile)"]').fill("-1")
         page.get_by_role("button", name="Set objective").click()
         page.get_by_text("objective: must be more than 0 seconds per batch, got -1").wait_for()
         # A good one: the manager's reply.
-        page.locator('input[aria-label="objective (seconds per batch)"]').fill("30")
+        page.locator('input[aria-label="objective (seconds per batch, or at the percentile)"]').fill("30")
         page.get_by_role("button", name="Set objective").click()
         page.get_by_text(re.compile(r"objective for c3: 30 s a batch \(running on node-a")).wait_for(
             timeout=20_000
