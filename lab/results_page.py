@@ -274,7 +274,8 @@ def render(data: Path) -> str:
 
 def _rescue_note(d: dict[str, Any]) -> str:
     """Summaries recorded before the `late_rescue` switch was dropped still carry its rows."""
-    if b"learned+late rescue" not in orjson.dumps(d):
+    labels = {label for s in d["sets"] for label in (*s.get("policies", {}), *s.get("to_oracle_policy", {}))}
+    if "learned+late rescue" not in labels:
         return ""
     return (" The `learned+late rescue` rows are the dropped `late_rescue` switch, as the summary recorded it "
             "([decision record](decisions/late-rescue.md)); the next run of the benchmark leaves them out.")
