@@ -38,6 +38,7 @@ import asyncio
 import inspect
 import logging
 import os
+import time
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -69,6 +70,10 @@ LOG_EVERY_S = 5.0
 
 class BusError(Exception):
     """A bus operation failed (not connected, server gone, JetStream missing); one line."""
+
+
+class _NoJetStream(BusError):
+    """The server has no JetStream: waiting will not help."""
 
 
 class RequestTimeout(BusError, TimeoutError):
@@ -558,32 +563,48 @@ class Bus:
 
     # --- JetStream key-value ----------------------------------------------------------
 
-    async def kv(self, bucket: str, history: int = 5, replicas: int = 1) -> KV:
+    async def kv(self, bucket: str, history: int = 5, replicas: int = 1, wait_s: float = 30.0) -> KV:
         """The key-value bucket `bucket` (file storage), created if missing.
 
         An existing bucket is used as it is (its history and replicas are kept).
         `replicas`: copies a JetStream cluster keeps of a new bucket (3: any one
-        server can be lost without losing a value).
+        server can be lost without losing a value). A freshly formed cluster
+        answers with timeouts while it elects its JetStream leaders: those are
+        retried for `wait_s`; a disabled JetStream or a bad name fail at once.
         """
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                store = await self._open_kv(bucket, history, replicas)
+                break
+            except _NoJetStream:
+                raise
+            except BusError:
+                if time.monotonic() >= deadline:
+                    raise
+                await asyncio.sleep(0.5)
+        return KV(self, bucket, store)
+
+    async def _open_kv(self, bucket: str, history: int, replicas: int) -> Any:
         js = self._nc.jetstream()
         try:
             try:
-                store = await js.key_value(bucket)
+                return await js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 store = await js.create_key_value(
                     KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas)
                 )
                 log.info("created key-value bucket %s (history %d, replicas %d)", bucket, history, replicas)
+                return store
         except nats.js.errors.InvalidBucketNameError:
             raise ValueError(f"invalid key-value bucket name {bucket!r}") from None
         except (nats.errors.NoRespondersError, nats.js.errors.ServiceUnavailableError):
-            raise BusError(
+            raise _NoJetStream(
                 f"key-value bucket {bucket}: JetStream is not enabled on {self.url} "
                 "(start nats-server with -js)"
             ) from None
         except (nats.errors.Error, TimeoutError) as e:
             raise BusError(f"key-value bucket {bucket}: {_one_line(e)}") from None
-        return KV(self, bucket, store)
 
     # --- shutdown ---------------------------------------------------------------------
 

@@ -293,21 +293,15 @@ class Stack:
 
     def _create_bucket(self, replicas: int, timeout_s: float = 30.0) -> None:
         """The objectives bucket, made before the manager starts (which uses it as it finds it): in
-        `replicas` copies. Retried while the cluster elects its JetStream leaders."""
+        `replicas` copies. `Bus.kv` waits while the cluster elects its JetStream leaders."""
         async def go() -> None:
-            deadline = time.monotonic() + timeout_s
-            while True:
-                try:
-                    bus = await Bus.connect(self.url_for("store"), "stack-store", connect_timeout_s=5.0)
-                    try:
-                        await bus.kv(subjects.KV_OBJECTIVES, replicas=replicas)
-                        return
-                    finally:
-                        await bus.close()
-                except BusError as e:
-                    if time.monotonic() > deadline:
-                        raise NatsServerError(f"objectives bucket not created in {timeout_s:g} s: {e}") from None
-                    await asyncio.sleep(0.5)
+            bus = await Bus.connect(self.url_for("store"), "stack-store", connect_timeout_s=5.0)
+            try:
+                await bus.kv(subjects.KV_OBJECTIVES, replicas=replicas, wait_s=timeout_s)
+            except BusError as e:
+                raise NatsServerError(f"objectives bucket not created in {timeout_s:g} s: {e}") from None
+            finally:
+                await bus.close()
 
         asyncio.run(go())
 
