@@ -39,8 +39,11 @@ from shared.settings import DEFAULT_METRICS_ADDR
 ROUND_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 """A round reads counters, decides and applies limits: milliseconds, up to seconds on a slow engine."""
 
-REQUEST_BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0)
-"""A CNN request on CPU: tens of milliseconds for one small image, seconds for a batch under a small quota."""
+REQUEST_BUCKETS_S = tuple(float(f"{0.001 * 2 ** (i / 6):.4g}") for i in range(97))
+"""A CNN request on CPU: a millisecond to a minute (a batch under a small quota), six buckets an octave.
+A percentile read from a histogram is interpolated inside its bucket: with bounds 12 % apart it is
+within a few percent of the requests' own, where the old decades-and-halves buckets (0.05, 0.1, ...)
+put a 61 ms client p95 at 77 ms."""
 
 BATCH_REQUEST_BUCKETS = (1, 2, 4, 8, 16, 32, 64)
 

@@ -236,10 +236,12 @@ class Worker:
         p = window.percentile(at_s, o.percentile, window_s)
         return latency_s if p is None else p
 
-    def on_polled(self, name: str, latency_s: float) -> bool:
-        """A percentile the worker read itself (a polled source), one per window, as of now."""
+    def on_polled(self, name: str, latency_s: float, window_s: float | None = None,
+                  rate_per_s: float | None = None) -> bool:
+        """A percentile the worker read itself (a polled source), one per window of `window_s` ending
+        now, with the requests a second served in it where the source counts them."""
         now_s = self.clock()
-        if not self.ctrl.record_latency(name, latency_s, now_s):
+        if not self.ctrl.record_latency(name, latency_s, now_s, span_s=window_s, rate_per_s=rate_per_s):
             return False
         self.last_batch_at[name] = self.wall()
         if self.ctrl.due(now_s):

@@ -164,10 +164,10 @@ class LatencyPoller:
                 reading = await source.read(started)
             except Exception as e:  # a source must not raise; if one does, the next window tries again
                 reading = WindowReading("bad", detail=f"{type(e).__name__}: {e}")
-            self.take(name, spec.kind, source.url, reading)
+            self.take(name, spec.kind, source.url, reading, spec.window_s)
             await asyncio.sleep(max(0.0, spec.window_s - (time.monotonic() - started)))
 
-    def take(self, name: str, kind: str, url: str, reading: WindowReading) -> None:
+    def take(self, name: str, kind: str, url: str, reading: WindowReading, window_s: float | None = None) -> None:
         """One window's reading: a value goes to the worker, none makes the container stale."""
         w = self.worker
         self.status[name] = SourceStatus(kind, reading.state, reading.detail, reading.latency_s,
@@ -176,7 +176,7 @@ class LatencyPoller:
             w.request_rates[name] = reading.rate_per_s
         if reading.latency_s is not None:
             self._quiet_until.pop(name, None)
-            w.on_polled(name, reading.latency_s)
+            w.on_polled(name, reading.latency_s, window_s, reading.rate_per_s)
             if name in w.unmeasured:
                 w.unmeasured.discard(name)
                 log.info("latency of %s read again from %s (p = %.4g s)", name, url, reading.latency_s)

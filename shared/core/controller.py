@@ -93,6 +93,8 @@ class Tracked:
     """Model and images per batch, as its latest batch reported them (None: not reported)."""
     follows_limit: bool = False
     """Its threads follow its limit, as its latest batch reported."""
+    rate_per_s: float | None = None
+    """Requests a second in its latest window (a request server read by a polled source)."""
     recent: list[BatchObs] = field(default_factory=list)
     """Batches finished since the last round (at most MAX_RECENT, newest last)."""
     throttle_base: tuple[int, int] | None = None
@@ -184,9 +186,11 @@ class NodeController:
     def record_latency(
         self, name: str, latency_s: float, now_s: float | None = None, cpu_s: float | None = None,
         workload: str | None = None, *, follows_limit: bool = False,
+        span_s: float | None = None, rate_per_s: float | None = None,
     ) -> bool:
         """A batch finished (at `now_s`, when given: when it finished, not when it was read). Unknown
-        containers and nonsense values are ignored (False).
+        containers and nonsense values are ignored (False). `span_s`: a window's percentile (a polled
+        source) sums up that many seconds before `now_s`; `rate_per_s`: the requests a second it served.
 
         Reading (Algorithm 2): a batch that takes a satisfied container out of
         its band breaks the stable state, and the paper resets the interval and
@@ -203,12 +207,15 @@ class NodeController:
         t.follows_limit = follows_limit
         if workload:
             t.workload = workload
+        if rate_per_s is not None and math.isfinite(rate_per_s) and rate_per_s >= 0:
+            t.rate_per_s = rate_per_s
+        span = span_s if span_s is not None and math.isfinite(span_s) and span_s > 0 else None
         if now_s is not None:
-            # A batch that began before its limit changed ran partly under the old one.
+            # A batch (a window) that began before its limit changed ran partly under the old one.
             limit, since_s, before = t.ran_under(now_s)
-            clean = now_s - latency_s >= since_s - 1e-9
+            clean = now_s - (latency_s if span is None else max(span, latency_s)) >= since_s - 1e-9
             cpu = cpu_s if cpu_s is not None and math.isfinite(cpu_s) and cpu_s > 0 else None
-            t.recent.append(BatchObs(latency_s, now_s, limit, clean, t.batches, cpu, since_s, before))
+            t.recent.append(BatchObs(latency_s, now_s, limit, clean, t.batches, cpu, since_s, before, span))
             if len(t.recent) > MAX_RECENT:
                 del t.recent[0]
         t.batches += 1
@@ -280,6 +287,7 @@ class NodeController:
                     tuple(t.recent),
                     t.workload,
                     t.follows_limit,
+                    t.rate_per_s,
                 )
             )
             if t.recent:

@@ -94,6 +94,9 @@ class BatchObs(msgspec.Struct, frozen=True):
     batch read after two changes that followed its end)."""
     prev_limit: float | None = None
     """The limit before that (what the first part of a straddling batch ran under)."""
+    span_s: float | None = None
+    """A window's percentile (a polled source): the window it sums up, which is what must lie under
+    one limit for it to be clean; None: a batch, whose span is its latency."""
 
 
 def check_fraction(value: float | None, what: str, *, allow_zero: bool = False) -> None:
@@ -131,6 +134,9 @@ class ContainerView(msgspec.Struct, frozen=True):
     follows_limit: bool = False
     """Its intra-op threads follow its limit (max(1, floor(limit cores))), as its batches report: above
     one core, only whole cores add threads."""
+    request_rate_per_s: float | None = None
+    """Requests a second in its latest window, where it serves requests (a polled source reads the rate
+    beside the percentile); None: a batch workload."""
 
 
 class NodeView(msgspec.Struct, frozen=True):

@@ -4,7 +4,10 @@ A `Curve` holds its state in named parts: `Sums` (two memories of its observatio
 batches and a longer one in seconds), `Switch` (which memory the fit uses), `Prior` (its own priors
 on slope and height), `NodeShare` (what the node's other containers say of it), `DriftWatch` (held-out
 batches, and the curve before a restart, kept a few batches in case the move was a passing spell) and
-`Timing`; besides them its ceiling (`sat_cores`) and whether its threads follow its limit (`steps`).
+`Timing`; besides them its ceiling (`sat_cores`), whether its threads follow its limit (`steps`) and,
+for a server of requests, the CPU its request stream keeps busy (`Load`): an open-loop server's
+latency follows the cores left over that load, not the limit itself (its requests queue as the
+limit nears the load), so its line is fitted in the log of those spare cores.
 It answers: the fit (`solve`, a `Fit`), the predicted log latency at a limit, and the least limit for
 a latency. What observations it takes, and how, is `observe`'s; when it restarts is `guards`'.
 """
@@ -192,6 +195,17 @@ class DriftWatch:
 
 
 @dataclass(slots=True)
+class Load:
+    """A request server's load: the CPU a request costs and the cores its request stream keeps busy."""
+
+    cpu_per_request_s: float | None = None
+    """CPU-seconds a request costs, averaged over windows its limit did not bind (None: not yet seen)."""
+    cores: float = 0.0
+    """The cores its current request rate keeps busy; 0 for a batch workload (its line is in the
+    limit's own cores)."""
+
+
+@dataclass(slots=True)
 class Curve:
     """One container's fitted log-latency line and what it knows about its saturation."""
 
@@ -214,6 +228,8 @@ class Curve:
     """The last fit (cleared whenever its sums or priors change)."""
     timing: Timing = field(default_factory=Timing)
     """When its batches can next change a decision: the policy's reading, not the model's."""
+    load: Load = field(default_factory=Load)
+    """A request server's load (`observe.take_load`); none for a batch workload."""
 
     @property
     def n(self) -> int:
@@ -258,7 +274,7 @@ class Curve:
         if old is None:
             return
         watch.since_restart += 1
-        pred, fit = old.predict(math.exp(x)), old.solve()
+        pred, fit = old.predict_x(x), old.solve()
         if pred is not None and fit is not None and abs(y - pred[0]) <= BACK_SD * max(fit.noise_sd, NOISE_PRIOR):
             watch.back += 1
         else:
@@ -324,7 +340,22 @@ class Curve:
         if f is None:
             return None
         c = min(cores, self.sat_cores) if self.sat_cores is not None else cores
+        if self.load.cores:
+            c -= self.load.cores  # the spare cores over its load; none: its queue grows without end
         return f.mean_sd(math.log(max(c, 1e-6)))
+
+    def x_of(self, cores: float) -> float:
+        """Where an observation made with `cores` lies on the line: log cores, or for a request server
+        log of the cores spare over its load (-inf: none spare)."""
+        spare = cores - self.load.cores
+        return math.log(spare) if spare > 0 else -math.inf
+
+    def predict_x(self, x: float, fit: Fit | None = None) -> tuple[float, float] | None:
+        """`predict` at a point of the line itself (an observation's `x_of`)."""
+        if not self.load.cores:
+            return self.predict(math.exp(x), fit)
+        f = fit or self.solve()
+        return None if f is None else f.mean_sd(x)
 
     def cores_for(self, latency_s: float, z: float) -> float | None:
         """Least limit (cores) whose latency, with z model sds of margin, is at most `latency_s`.
@@ -338,13 +369,14 @@ class Curve:
             return None
         theta, k = f.theta, f.k
         target = math.log(latency_s)
-        c = exp_or_inf((theta - target) / k)
+        load = self.load.cores  # a request server needs its load and the spare cores on top
+        c = load + exp_or_inf((theta - target) / k)
         for _ in range(3):  # the margin depends (weakly) on where it is evaluated
             if not math.isfinite(c):
                 return math.inf
             pred = self.predict(c)
             assert pred is not None
-            c = exp_or_inf((theta + z * pred[1] - target) / k)
+            c = load + exp_or_inf((theta + z * pred[1] - target) / k)
         if self.sat_cores is not None and c > self.sat_cores * 1.02:
             return math.inf
         return self.limit_for(c)

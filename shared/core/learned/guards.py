@@ -64,7 +64,7 @@ def take(curve: Curve, x: float, y: float, w: float, decay: tuple[float, float],
     side since `start` (the held batch's); if so the curve is kept, the older batch dropped and the
     newer held in its place, for at most RESTART_WATCH such batches in a row."""
     curve.check_back(x, y)
-    pred = curve.predict(math.exp(x))
+    pred = curve.predict_x(x)
     fit = curve.solve()
     if pred is not None and fit is not None and curve.n >= 2:
         resid = y - pred[0]

@@ -10,6 +10,9 @@
   while it foresees the container's batches better (`weigh_memories`).
 - A batch that straddled a limit change is read as the batch it would have been under the new
   limit, or dropped when a limit did not hold it (`observe_straddled`).
+- A request server (its source reads a request rate) is observed at its limit, in the cores spare over
+  its load (`take_load`): it uses only what its requests cost, so what it leaves unused is no ceiling,
+  and the CPU it got says nothing of its latency; its queue does.
 Each observation then passes the drift watch (`guards.take`).
 """
 
@@ -33,6 +36,11 @@ BUSY_NODE = 0.9
 """Below this share of the node in use by its managed containers, the node had room for anyone."""
 STRADDLE_WEIGHT = 0.5
 """A straddling batch read as under the new limit weighs at most this (times its share under it)."""
+LOAD_SMOOTHING = 0.3
+"""The weight of the latest window's CPU a request in a request server's running average."""
+SPARE_MIN = 0.05
+"""A request server's window under a limit less than this share above its load is not placed on its
+line: its queue was growing, and the spare cores are too small to be read."""
 SWITCH_EVIDENCE = 0.02
 """A container's fit changes memory once the other foresaw its batches better by this share of both
 memories' squared errors (about 4 % of the mean squared error)."""
@@ -51,6 +59,10 @@ def observe(v: ContainerView, curve: Curve, cores: float, node_busy: float, memo
     """Take a container's batches of this round into its curve. `node_busy`: the managed containers'
     CPU, a fraction of the node; `horizon_s`: how old a memory's foresight may be; `spell_of(b)`: the
     node's spell check for batch b (None: no spell guard)."""
+    if v.request_rate_per_s is not None:
+        take_load(v, curve, cores)
+        observe_windows(v, curve, cores, memory, spell_of)
+        return
     for b in v.batches:
         d = decay(memory, b.latency_s)
         spell = spell_of(b) if spell_of is not None else None
@@ -74,6 +86,46 @@ def observe(v: ContainerView, curve: Curve, cores: float, node_busy: float, memo
                 curve.sat_cores = max(curve.sat_cores or 0.0, rate * CEILING_MARGIN)
         take(curve, math.log(got), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, d,
              b.finished_at_s - b.latency_s, spell)
+
+
+def take_load(v: ContainerView, curve: Curve, cores: float) -> None:
+    """A request server's load from its rate and the CPU it used over the last interval: the CPU a
+    request costs is averaged over intervals its limit did not bind; the load is the current rate at
+    that cost, and at least what it used where its limit bound (its queue then hides the rest)."""
+    rate, load = v.request_rate_per_s, curve.load
+    if rate is None or v.cpu_share is None:
+        return
+    used = v.cpu_share * cores
+    limit_cores = v.limit * cores if v.limit is not None else cores
+    bound = used >= BINDING * limit_cores
+    if rate > 0 and used > 0 and not bound:
+        per = used / rate
+        load.cpu_per_request_s = per if load.cpu_per_request_s is None else (
+            LOAD_SMOOTHING * per + (1 - LOAD_SMOOTHING) * load.cpu_per_request_s)
+    cores_busy = rate * load.cpu_per_request_s if load.cpu_per_request_s is not None else used
+    load.cores = max(cores_busy, used) if bound else cores_busy
+    curve.fit = None
+
+
+def observe_windows(v: ContainerView, curve: Curve, cores: float, memory: Memory,
+                    spell_of: Callable[[BatchObs], Spell] | None) -> None:
+    """A request server's windows, each at the limit it ran under (the whole node without one), placed
+    at the cores spare over its load. A window that straddled a change, or ran with (almost) nothing
+    spare, is not placed: it mixes limits, or its queue was still growing."""
+    for b in v.batches:
+        if not b.clean:
+            continue
+        limit_cores = batch_limit_cores(b, curve, cores)
+        got = cores if limit_cores is None else limit_cores
+        x = curve.x_of(got)
+        curve.timing.last_clean_s = b.finished_at_s
+        curve.timing.batch_s = b.span_s if b.span_s is not None else b.latency_s
+        if not math.isfinite(x) or math.exp(x) < SPARE_MIN * got:
+            continue
+        d = decay(memory, curve.timing.batch_s)
+        spell = spell_of(b) if spell_of is not None else None
+        take(curve, x, math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, d,
+             b.finished_at_s - curve.timing.batch_s, spell)
 
 
 def observe_straddled(b: BatchObs, curve: Curve, cores: float, decay: tuple[float, float],
@@ -116,6 +168,8 @@ def cores_got(b: BatchObs, v: ContainerView, curve: Curve, cores: float) -> tupl
     """(the cores a clean batch ran at, whether its limit held it, the CPU rate it used): the limit
     where it held the batch (it used at least BINDING of it), else the rate; None where neither is known."""
     limit_cores = batch_limit_cores(b, curve, cores)
+    if v.request_rate_per_s is not None:  # a request server: its limit (or the node) is what counts
+        return (cores if limit_cores is None else limit_cores), True, None
     rate = None
     if b.cpu_s is not None:
         rate = b.cpu_s / b.latency_s

@@ -133,7 +133,7 @@ def pool_heights(curves: dict[str, Curve], own: Mapping[str, Fit | None] | None 
         at[workload] = x0
         heights = {}
         for n, (f, c) in fits.items():
-            pred = c.predict(math.exp(x0), f)
+            pred = c.predict_x(x0, f)
             if pred is not None:
                 heights[n] = (pred[0], max(pred[1] ** 2, 1e-12))
         groups[workload] = heights
