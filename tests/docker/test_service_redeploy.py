@@ -33,8 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from live_node import LiveNode
 
-from services.worker.app import WorkerConfig, build, serve
+from services.worker.app import WorkerConfig
 from shared import auth, subjects
 from shared.bus import Bus
 from shared.messages import DecisionMsg, NodeState
@@ -98,10 +99,11 @@ def started_at(info: dict[str, Any]) -> float:
     return datetime.fromisoformat(head + "+00:00").timestamp() + float("0." + (frac or "0"))
 
 
-class Deployment:
+class Deployment(LiveNode):
     """nats-server, manager, worker and one Swarm service of load tasks on this engine."""
 
     def __init__(self, client: Any, tmp: Path) -> None:
+        super().__init__()
         tag = uuid.uuid4().hex[:6]
         self.client = client
         self.node = f"dqr-{tag}"
@@ -114,26 +116,19 @@ class Deployment:
         self.tmp = tmp
         self.states: list[NodeState] = []
         self.decisions: list[DecisionMsg] = []
-        self.manager: subprocess.Popen[bytes] | None = None
-        self.bus: Bus | None = None
-        self.app: Any = None
-        self._serving: asyncio.Task[None] | None = None
         self.compose_names: set[str] = set()
 
     async def start(self) -> None:
         self.nats.start()
         url = self.url_as("test")
-        self.manager = subprocess.Popen([sys.executable, "-m", "services.manager", "--nats", url],
-                                        cwd=REPO, stdout=(self.tmp / "manager.log").open("wb"),
-                                        stderr=subprocess.STDOUT)
+        self.start_manager(url, self.tmp / "manager.log")
         self.bus = await Bus.connect(url, "test-redeploy")
         await self.bus.subscribe(subjects.state(self.node), lambda m, _: self.states.append(m), expect=NodeState)
         await self.bus.subscribe(subjects.decisions(self.node), lambda m, _: self.decisions.append(m),
                                  expect=DecisionMsg)
         cfg = WorkerConfig(node=self.node, nats_url=url, runtime="docker", cores=2.0, policy="dqoes",
                            initial_interval_s=ROUND_S, state_interval_s=0.5, require_node_label=True)
-        self.app = await build(cfg)
-        self._serving = asyncio.create_task(serve(self.app, handle_signals=False))
+        await self.serve_worker(cfg)
 
     def load_env(self) -> dict[str, str]:
         """What a load container needs to publish its batches to this deployment's NATS."""
@@ -220,15 +215,7 @@ class Deployment:
         for name in self.compose_names:
             with contextlib.suppress(Exception):
                 self.client.containers.get(name).remove(force=True)
-        if self.app is not None:
-            self.app.worker.stop()
-            if self._serving is not None:
-                await asyncio.wait_for(self._serving, 30)
-        if self.bus is not None:
-            await self.bus.close()
-        if self.manager is not None:
-            self.manager.terminate()
-            self.manager.wait(10)
+        await self.stop_live()
         self.nats.stop()
         with contextlib.suppress(Exception):
             for c in self.client.containers.list(

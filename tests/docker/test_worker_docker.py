@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -22,8 +20,9 @@ from typing import Any
 import orjson
 import pytest
 from engine_proxy import EngineProxy
+from live_node import LiveNode
 
-from services.worker.app import WorkerConfig, build, serve
+from services.worker.app import WorkerConfig
 from shared import auth, subjects
 from shared.bus import Bus
 from shared.public import parse_target_reply
@@ -32,7 +31,6 @@ from shared.schema import DecisionMsg, NodeState
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(240)]
 
-REPO = Path(__file__).resolve().parents[2]
 INFERENCE = ["python", "-m", "services.inference"]
 BUSY = ["python3", "-c", "while True: pass"]
 ROUND_S = 3.0
@@ -49,10 +47,11 @@ async def wait_until(pred, timeout_s: float, what: str, every_s: float = 0.1):
     raise AssertionError(f"not within {timeout_s:g} s: {what}")
 
 
-class Cluster:
+class Cluster(LiveNode):
     """A node's worth of the live system around one engine."""
 
     def __init__(self, containers: Any, nats_url: str, tmp_path: Path) -> None:
+        super().__init__()
         self.containers = containers
         self.client = containers.client
         self.nats_url = nats_url
@@ -60,10 +59,6 @@ class Cluster:
         self.proxy = EngineProxy(tmp_path / "engine.sock")
         self.decisions: list[DecisionMsg] = []
         self.state: NodeState | None = None
-        self.app: Any = None
-        self._serving: asyncio.Task[None] | None = None
-        self.bus: Bus | None = None
-        self.manager: subprocess.Popen[bytes] | None = None
         self.manager_log = tmp_path / "manager.log"
 
     def name(self, what: str) -> str:
@@ -91,10 +86,7 @@ class Cluster:
 
     async def start(self) -> None:
         await self.proxy.up()
-        self.manager = subprocess.Popen(
-            [sys.executable, "-m", "services.manager", "--nats", self.nats_url, "--cluster-interval", "0.5"],
-            cwd=REPO, stdout=self.manager_log.open("wb"), stderr=subprocess.STDOUT,
-        )
+        self.start_manager(self.nats_url, self.manager_log, "--cluster-interval", "0.5")
         self.bus = await Bus.connect(self.nats_url, "test")
         await self.bus.subscribe(subjects.decisions(self.node), lambda m, _: self.decisions.append(m),
                                  expect=DecisionMsg)
@@ -102,8 +94,7 @@ class Cluster:
                                  expect=NodeState)
         cfg = WorkerConfig(node=self.node, nats_url=self.nats_url, runtime="docker", cores=2.0, policy="dqoes",
                            docker_url=self.proxy.url, initial_interval_s=ROUND_S, state_interval_s=0.5)
-        self.app = await build(cfg)
-        self._serving = asyncio.create_task(serve(self.app, handle_signals=False))
+        await self.serve_worker(cfg)
 
     async def target(self, container: str, objective_s: float) -> dict[str, Any]:
         assert self.bus is not None
@@ -126,15 +117,7 @@ class Cluster:
         return self.client.api.inspect_container(name)
 
     async def stop(self) -> None:
-        if self.app is not None:
-            self.app.worker.stop()
-            if self._serving is not None:
-                await asyncio.wait_for(self._serving, 30)
-        if self.bus is not None:
-            await self.bus.close()
-        if self.manager is not None:
-            self.manager.terminate()
-            self.manager.wait(10)
+        await self.stop_live()
         await self.proxy.down()
 
 

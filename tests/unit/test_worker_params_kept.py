@@ -1,4 +1,4 @@
-"""What `dqoes control` changes outlives the worker (services/worker/logic.py `restored_params`).
+"""What `dqoes control` changes outlives the worker (services/worker/statefiles.py `restored_params`).
 
 Services are restarted when they die; an operator who set a parameter on a
 node must not find it back at its default after a crash. A worker started
