@@ -31,6 +31,9 @@ RESTART_K_SD_MIN = 0.1
 """The narrowest prior sd on k a restarted curve keeps from its slope."""
 RESTART_WATCH = 6
 """Batches after a restart during which the curve before it may be restored."""
+STABLE_UTILISATION = 0.9
+"""A request server is never left a limit its load would fill beyond this: under its load its queue
+grows without end (requests time out, and its windows tell nothing more), met or not."""
 
 
 class Suspect(NamedTuple):
@@ -343,6 +346,11 @@ class Curve:
         if self.load.cores:
             c -= self.load.cores  # the spare cores over its load; none: its queue grows without end
         return f.mean_sd(math.log(max(c, 1e-6)))
+
+    def least_limit(self, cores: float) -> float:
+        """The least limit (fraction of a node of `cores`) a request server's queue drains under: its
+        load at STABLE_UTILISATION; 0 for a batch workload."""
+        return self.load.cores / STABLE_UTILISATION / cores if self.load.cores else 0.0
 
     def x_of(self, cores: float) -> float:
         """Where an observation made with `cores` lies on the line: log cores, or for a request server

@@ -153,13 +153,13 @@ def give_back(proposal: dict[str, float], order: Sequence[tuple[float, str]], ex
 
 
 def settle(proposal: dict[str, float], plans: Mapping[str, Plan], olds: Mapping[str, float | None],
-           chances_held: set[str], floor: float) -> None:
+           chances_held: set[str], low: Mapping[str, float]) -> None:
     """Staying put must not overcommit the node; changes `proposal` in place.
 
     What is left was split as if every container moved to its plan; those kept where they are hold
     some of it, so the best-effort rises it paid for give way first (no one moves for it), then the
     largest overshoots, then (only if the node is still overcommitted) the largest limits, down to
-    the floor."""
+    each one's floor (`low`)."""
     excess = sum(proposal.values()) - 1.0
     rises = [(proposal[n] - old, n) for n in proposal
              if plans[n].kind in (PlanKind.NO_ROOM, PlanKind.UNACHIEVABLE) and (old := olds[n]) is not None
@@ -167,4 +167,4 @@ def settle(proposal: dict[str, float], plans: Mapping[str, Plan], olds: Mapping[
     excess = give_back(proposal, sorted(rises, reverse=True), excess)
     overs = sorted(((proposal[n] - plans[n].limit, n) for n in proposal), reverse=True)
     excess = give_back(proposal, [(over, n) for over, n in overs if over > 0], excess)
-    give_back(proposal, [(proposal[n] - floor, n) for n in sorted(proposal, key=lambda n: -proposal[n])], excess)
+    give_back(proposal, [(proposal[n] - low[n], n) for n in sorted(proposal, key=lambda n: -proposal[n])], excess)

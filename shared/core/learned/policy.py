@@ -14,7 +14,6 @@ import math
 from collections.abc import Callable
 
 from shared.core.classification import classify_views
-from shared.core.dqoes import floor_limit
 from shared.core.learned.curve import Curve
 from shared.core.learned.fit import NOISE_PRIOR, exp_or_inf
 from shared.core.learned.guards import OUTLIER_SD, Spell, kept, settle, stepped
@@ -23,7 +22,7 @@ from shared.core.learned.plan import Plan, PlanKind
 from shared.core.learned.pooling import node_spell, note_recent, own_fits, pool_heights, pool_slopes
 from shared.core.learned.reason import Reason
 from shared.core.learned.settings import LearnedParams, Settings
-from shared.core.learned.solver import Solver, solve
+from shared.core.learned.solver import Solver, floors, solve
 from shared.core.policy import CurveLookup, PolicyBase, PolicySpec, build_decision, no_curves
 from shared.core.profiles import ModelProfile
 from shared.core.types import BatchObs, Decision, NodeView
@@ -142,19 +141,20 @@ class LearnedPolicy(PolicyBase):
         solution = self.solver(self.curves, view.containers, cores, limits, self.chosen, self.chances)
         plans = self.plans = solution.plans
         self.chosen, self.chances = solution.chosen, solution.chances
-        floor = floor_limit(len(view.containers))
+        low = floors(self.curves, view.containers, cores)
         proposal: dict[str, float] = {}
         for v in view.containers:
             plan, old, curve = plans[v.name], v.limit, self.curves[v.name]
-            new = plan.limit
+            new, floor = plan.limit, low[v.name]
             if old is not None:
                 if kept(plan, curve, v, old, cores, floor, limits.dead_band, self.fast_held.get(v.name)):
                     # Kept, less any part of a core above one that adds no thread.
                     new = curve.snap(old, cores, floor)
                 elif plan.kind is PlanKind.IN_BAND:
                     new = stepped(curve, new, old, cores, floor)
-            proposal[v.name] = new
-        settle(proposal, plans, {v.name: v.limit for v in view.containers}, self.chances, floor)
+            # A request server's queue must drain, whatever else holds its limit.
+            proposal[v.name] = max(new, floor) if curve.load.cores else new
+        settle(proposal, plans, {v.name: v.limit for v in view.containers}, self.chances, low)
         self.fast_held = {n: proposal[n] for n in proposal if plans[n].kind is PlanKind.TOO_FAST}
         limits_set: dict[str, float | None] = {}
         reasons: dict[str, Reason] = {}

@@ -140,6 +140,20 @@ def choose(candidates: Sequence[tuple[float, str]], budget: float, incumbents: A
     return stable if len(stable) >= len(best) else best
 
 
+def floors(curves: Mapping[str, Curve], views: Sequence[ContainerView], cores: float) -> dict[str, float]:
+    """The least limit of each container: the paper's floor, and for a request server the limit its
+    queue drains under (`Curve.least_limit`); servers whose loads together leave the others less than
+    their floor share what is left in proportion to their loads."""
+    floor = floor_limit(len(views))
+    server = {v.name: curves[v.name].least_limit(cores) for v in views}
+    total = sum(server.values())
+    if total <= 0:
+        return {v.name: floor for v in views}
+    others = sum(1 for x in server.values() if x <= 0)
+    scale = min(1.0, max(0.0, 1.0 - floor * others) / total)
+    return {name: max(floor, x * scale) for name, x in server.items()}
+
+
 def fair_share(limits: Limits, n: int) -> float:
     """The most a container that cannot be met gets from an equal split (never below the floor)."""
     return max(floor_limit(n), min(limits.total_resource, limits.best_effort_share / max(1, n)))
@@ -152,7 +166,7 @@ def solve(curves: Mapping[str, Curve], views: Sequence[ContainerView], cores: fl
     `curves`: every container's curve, by name; `incumbents`: last round's chosen (kept on ties);
     `chances_before`: last round's holders of what was left (kept while worth no less)."""
     n = len(views)
-    floor = floor_limit(n)
+    low = floors(curves, views, cores)
     cap = limits.total_resource
     plans: dict[str, Plan] = {}
     candidates: list[tuple[float, str]] = []
@@ -161,7 +175,7 @@ def solve(curves: Mapping[str, Curve], views: Sequence[ContainerView], cores: fl
     learning: list[ContainerView] = []
     best_limit: dict[str, float] = {}
     for v in views:
-        curve = curves[v.name]
+        curve, floor = curves[v.name], low[v.name]
         if curve.solve() is None:
             learning.append(v)
             continue
@@ -197,8 +211,9 @@ def solve(curves: Mapping[str, Curve], views: Sequence[ContainerView], cores: fl
         # Met at the floor is free to choose; room may still move it to its aim above the floor.
         plans[v.name] = Plan(max(need, floor), PlanKind.CANDIDATE, need)
         candidates.append((max(0.0, need - floor), v.name))
-    budget = 1.0 - floor * n
-    budget = _place_learning(plans, learning, views, floor, cap, budget)
+    base = floor_limit(n)
+    budget = 1.0 - base * n - sum(x - base for x in low.values())
+    budget = _place_learning(plans, learning, views, low, cap, budget)
     chosen = choose(candidates, budget, incumbents)
     for extra, name in candidates:
         if name in chosen:
@@ -206,7 +221,7 @@ def solve(curves: Mapping[str, Curve], views: Sequence[ContainerView], cores: fl
             plans[name] = Plan(plans[name].limit, PlanKind.IN_BAND, plans[name].need)
         else:
             best_effort.append(name)
-            plans[name] = Plan(floor, PlanKind.NO_ROOM, plans[name].need)
+            plans[name] = Plan(low[name], PlanKind.NO_ROOM, plans[name].need)
     # Room left: towards each chosen container's aim, cheapest step first. Twice: a step cut to whole
     # cores leaves room that a container earlier in the order may take on the second pass.
     for _ in range(2):
@@ -221,37 +236,38 @@ def solve(curves: Mapping[str, Curve], views: Sequence[ContainerView], cores: fl
     if budget > 1e-9:
         budget, held = one_more_chance(curves, views, plans, best_effort, best_limit, cores, budget, limits,
                                        chances_before)
-    _share_best_effort(curves, plans, best_effort, cores, budget, fair_share(limits, n), floor)
+    _share_best_effort(curves, plans, best_effort, cores, budget, fair_share(limits, n), low)
     return Solution(plans, set(chosen), held)
 
 
 def _place_learning(plans: dict[str, Plan], learning: Sequence[ContainerView], views: Sequence[ContainerView],
-                    floor: float, cap: float, budget: float) -> float:
+                    low: Mapping[str, float], cap: float, budget: float) -> float:
     """Containers still learning keep what they have; a newcomer starts at an equal part of the CPU no
     limit holds, never more than the node can spare once the others have their floor. Returns the
     budget left."""
     free = 1.0 - sum(v.limit for v in views if v.limit is not None)
     newcomers = sum(1 for v in learning if v.limit is None)
     for v in learning:
+        floor = low[v.name]
         share = v.limit if v.limit is not None else max(floor, min(cap, free / max(1, newcomers)))
         plans[v.name] = Plan(share, PlanKind.LEARNING)
         budget -= share - floor
     for v in learning:
         if v.limit is None and budget < 0:
-            back = min(plans[v.name].limit - floor, -budget)
+            back = min(plans[v.name].limit - low[v.name], -budget)
             plans[v.name] = Plan(plans[v.name].limit - back, PlanKind.LEARNING)
             budget += back
     return budget
 
 
 def _share_best_effort(curves: Mapping[str, Curve], plans: dict[str, Plan], best_effort: Sequence[str],
-                       cores: float, budget: float, limit_each: float, floor: float) -> None:
+                       cores: float, budget: float, limit_each: float, low: Mapping[str, float]) -> None:
     """An equal part of what is left to each container that cannot be met, up to its fair share (and a
     little past a ceiling it showed); a share short of a whole core above one adds no thread."""
     want = {}
     for name in best_effort:
-        curve = curves[name]
-        top = limit_each
+        curve, floor = curves[name], low[name]
+        top = max(floor, limit_each)
         if curve.sat_cores is not None:
             # Up to its ceiling and a little past it: a ceiling seen once may have been a
             # slow spell, and a container held at it could never show that it is not.
@@ -266,7 +282,7 @@ def _share_best_effort(curves: Mapping[str, Curve], plans: dict[str, Plan], best
             if plans[name].limit >= want[name] - 1e-12:
                 del want[name]
     for name in best_effort:
-        plans[name] = Plan(curves[name].snap(plans[name].limit, cores, floor), plans[name].kind, plans[name].need)
+        plans[name] = Plan(curves[name].snap(plans[name].limit, cores, low[name]), plans[name].kind, plans[name].need)
 
 
 def one_more_chance(curves: Mapping[str, Curve], views: Sequence[ContainerView], plans: dict[str, Plan],

@@ -123,10 +123,10 @@ def test_limits_kept_where_they_are_never_overcommit_the_node():
     plans = {"k": Plan(0.2, PlanKind.IN_BAND), "u": Plan(0.4, PlanKind.UNACHIEVABLE),
              "a": Plan(0.4, PlanKind.IN_BAND)}
     proposal = {"k": 0.4, "u": 0.4, "a": 0.4}
-    settle(proposal, plans, {"k": 0.4, "u": 0.2, "a": 0.4}, set(), 1 / 6)
+    settle(proposal, plans, {"k": 0.4, "u": 0.2, "a": 0.4}, set(), dict.fromkeys(proposal, 1 / 6))
     assert proposal == pytest.approx({"k": 0.4, "u": 0.2, "a": 0.4})
     proposal = {"k": 0.6, "u": 0.4, "a": 0.4}
-    settle(proposal, plans, {"k": 0.6, "u": 0.2, "a": 0.4}, set(), 1 / 6)
+    settle(proposal, plans, {"k": 0.6, "u": 0.2, "a": 0.4}, set(), dict.fromkeys(proposal, 1 / 6))
     assert sum(proposal.values()) == pytest.approx(1.0)
     assert proposal["a"] == 0.4 and proposal["u"] == pytest.approx(0.2) and proposal["k"] == pytest.approx(0.4)
 
