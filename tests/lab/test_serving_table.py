@@ -68,3 +68,18 @@ def test_servers_are_checked_with_one_line() -> None:
     for bad in ("serve:resnet50", "triton:resnet50:64,serve:a:1,serve:b:2", "serve:a:1,serve:b:2"):
         with pytest.raises(ExperimentError, match="--servers"):
             serving_real.parse_servers(bad)
+
+
+def test_met_within_the_band_is_counted_beside_met_under_the_objective() -> None:
+    # 0.115 is over the objective 0.11 but within (1 + 0.1) x it: within the band, not met.
+    s = _server("a", [0.3, 0.115, 0.115, 0.2, 0.115, 0.115], [], 0.11)
+    assert (s["windows_met"], s["windows_met_alpha"]) == (0, 4)
+    assert s["plateau_met"] is False and s["plateau_met_alpha"] is True
+    d = {**FIXTURE, "runs": [{**r, "met_plateau_alpha": r["met_plateau"] + 1, "windows_met_alpha": 11,
+                              "servers": [{**x, "plateau_met_alpha": True} for x in r["servers"]]}
+                             for r in FIXTURE["runs"][:1]]}
+    lines = serving_table.section_table(d)
+    assert lines[0].startswith("| policy | met (plateau) | windows met | met within the band (plateau) | "
+                               "windows met within the band | CPU (cores) |")
+    assert lines[2] == ("| default | 1/2 | 7/12 | 2/2 | 11/12 | 1.31 | 1.90 | 90 / 100 (+11 %), within the band "
+                        "| 50 / 51 ✓, met |")
