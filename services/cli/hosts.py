@@ -43,6 +43,8 @@ from shared.bus import Bus, BusError, Incoming
 CONTROL_PLANE = "control-plane"
 NODE = "node"
 NODE_RECORD = "node.json"
+REGISTRARS = "registrars"
+"""The queue group of the registrars (one answers each join request)."""
 
 
 def state_root(cfg: dict[str, Any]) -> Path:
@@ -170,7 +172,9 @@ class Registrar:
                 self.log.append(f"node {joined.node} admitted, but the authorization was not regenerated: {e}")
 
     async def start(self, bus: Bus) -> None:
-        await bus.subscribe_raw(subjects.JOIN_REQUEST, lambda m: self.handle(bus, m))
+        # One registrar answers each request: the members of a control plane on several hosts all
+        # subscribe, and a second answer (the token then used up) would race the first to the node.
+        await bus.subscribe_raw(subjects.JOIN_REQUEST, lambda m: self.handle(bus, m), queue=REGISTRARS)
 
 
 # --- the node's end ----------------------------------------------------------------------------
