@@ -8,7 +8,10 @@ takes one role, or both:
   nodes reach it) and the manager, plus the registrar that admits joining
   nodes (services/cli/hosts.py). SIGHUP regenerates the NATS authorization
   from the registry of joined nodes and reloads the server (`dqoes node
-  revoke` sends it).
+  revoke` sends it). With `routes` (and `cluster_listen`) the host is one
+  member of a control plane on several hosts: its nats-server joins the
+  others' cluster, the join registry is replicated and the manager runs on
+  the member holding the lease (services/cli/cpcluster.py).
 - node: this host's worker, with the credentials it made when it joined
   (`dqoes join`), on any runtime (docker: only the containers with the
   project's label on this host's engine), connected to the control plane's
@@ -321,7 +324,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     roles = p.add_subparsers(dest="role", required=True, metavar="ROLE")
     cp = roles.add_parser("control-plane", help="NATS (JetStream, authentication), the manager, join answers",
                           description="NATS with JetStream and per-identity permissions, the manager, and the "
-                          "registrar admitting nodes that join with a token. SIGHUP reloads the authorization.")
+                          "registrar admitting nodes that join with a token. SIGHUP reloads the authorization. "
+                          "With routes: one member of a control plane on several hosts (one NATS cluster, the "
+                          "join registry and objectives replicated, one manager under a lease).")
     hostconfig.add_flags(cp, "control_plane")
     cp.set_defaults(func=cmd_control_plane)
     nd = roles.add_parser("node", help="this host's worker, with the credentials it made when it joined",
