@@ -79,10 +79,12 @@ def route_secret(auth_dir: str | os.PathLike[str], shared_file: str | os.PathLik
 
 
 def server_config(name: str, *, auth_config: Path, config_dir: Path, secret: str, listen: str,
-                  advertise: str | None, routes: list[str]) -> str:
+                  advertise: str | None, routes: list[str], tls: tuple[str, str, str] | None = None) -> str:
     """One member's nats-server config: name, cluster (route `listen` address, `advertise`d to the
     others when given), routes to the others (`host:port` each, the route user and password added),
-    the auth block. Also what a control-plane member on its own host runs (services/cli/cpcluster.py)."""
+    the auth block. Also what a control-plane member on its own host runs (services/cli/cpcluster.py).
+    `tls`: (certificate, key, CA) files: every route is TLS, both ends' certificates verified against
+    the CA, so the route password and the cluster's traffic never cross the network in clear."""
     include = os.path.relpath(auth_config, config_dir)  # nats-server joins include paths to the file's dir
     urls = ", ".join(json.dumps(f"nats-route://{ROUTE_USER}:{secret}@{r}") for r in routes)
     return "\n".join([
@@ -95,6 +97,8 @@ def server_config(name: str, *, auth_config: Path, config_dir: Path, secret: str
         *([f"  advertise: {json.dumps(advertise)}"] if advertise else []),
         "  no_advertise: true",
         f"  authorization {{ user: {json.dumps(ROUTE_USER)}, password: {json.dumps(secret)}, timeout: 2 }}",
+        *([f"  tls {{ cert_file: {json.dumps(tls[0])}, key_file: {json.dumps(tls[1])}, "
+           f"ca_file: {json.dumps(tls[2])}, verify: true, timeout: 3 }}"] if tls else []),
         f"  routes: [{urls}]",
         "}",
         "",

@@ -88,16 +88,35 @@ def write_member_config(root: Path, cfg: dict[str, Any]) -> Path:
     if not cfg.get("cluster_listen"):
         raise CliError("control plane: routes need cluster_listen (HOST:PORT the routes listen on)")
     routes = hostconfig.route_list(cfg["routes"], "control_plane.routes")
+    tls = route_tls(cfg)
     try:
         secret = natscluster.route_secret(hosts.auth_dir(root), cfg.get("cluster_secret_file"))
         path = root / CONFIG_NAME
         authfiles.write_private(path, natscluster.server_config(
             server_name(cfg), auth_config=auth.config_path(hosts.auth_dir(root)).resolve(),
             config_dir=root.resolve(), secret=secret, listen=cfg["cluster_listen"], advertise=None,
-            routes=routes))
+            routes=routes, tls=tls))
         return path
     except (auth.AuthError, authfiles.UnsafePathError) as e:
         raise CliError(f"control plane: {e}") from None
+
+
+def route_tls(cfg: dict[str, Any]) -> tuple[str, str, str] | None:
+    """(certificate, key, CA) of the routes' TLS, absolute paths; None when none is given. CliError
+    for some of the three but not all, a file that cannot be read, or a key others may read."""
+    keys = ("cluster_tls_cert", "cluster_tls_key", "cluster_tls_ca")
+    given = [cfg.get(k) for k in keys]
+    if not any(given):
+        return None
+    if not all(given):
+        raise CliError("control plane: route TLS needs all of cluster_tls_cert, cluster_tls_key, cluster_tls_ca")
+    paths = [Path(str(g)).resolve() for g in given]
+    for key, path in zip(keys, paths, strict=True):
+        if not path.is_file():
+            raise CliError(f"control plane: {key}: {path} is not a readable file")
+    if paths[1].stat().st_mode & 0o077:
+        raise CliError(f"control plane: cluster_tls_key: {paths[1]} is readable by others (chmod 600 it)")
+    return str(paths[0]), str(paths[1]), str(paths[2])
 
 
 def write_cluster_file(root: Path, url: str | None) -> None:
@@ -177,7 +196,8 @@ class Member:
         self.lease: KV | None = None
         self._lease_rev: int | None = None
         self._renewed_at = 0.0
-        self.leader = False
+        self.mirrored = 0
+        """The registry revision last written into the join/ files."""
 
     async def start(self, bus: Bus) -> None:
         self.control = await open_control(bus)
@@ -198,12 +218,23 @@ class Member:
         await watch.ready.wait()
 
     def _mirror(self, entry: KVEntry) -> None:
+        if entry.revision == self.mirrored:
+            return
+        self.mirrored = entry.revision
         try:
             joining.write_registry(hosts.join_dir(self.root), _decode(entry))
             self.on_change()
             self.log.append(f"join registry revision {entry.revision} mirrored; authorization regenerated")
         except (joining.JoinError, CliError) as e:
             self.log.append(f"join registry revision {entry.revision} not applied: {e}")
+
+    async def resync(self) -> None:
+        """Mirror the registry if the watch missed a revision (a watch does not outlive every loss of
+        its server); cheap when nothing changed."""
+        assert self.control is not None
+        entry = await self.control.get_entry(REGISTRY_KEY)
+        if entry is not None and entry.revision != self.mirrored:
+            self._mirror(entry)
 
     async def change(self, fn: Callable[[joining.Registry], T]) -> T:
         assert self.control is not None

@@ -70,6 +70,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("control_plane", "cluster_secret_file", str, "DQOES_CLUSTER_SECRET_FILE", None,
             "the route password every member shares, a file private to this user (default: made once in "
             "this member's auth/cluster-routes.secret: copy that file to the other members)"),
+    Setting("control_plane", "cluster_tls_cert", str, "DQOES_CLUSTER_TLS_CERT", None,
+            "this member's route certificate (PEM); with cluster_tls_key and cluster_tls_ca every route is TLS, "
+            "both ends verified, so no route password or cluster traffic crosses the network in clear"),
+    Setting("control_plane", "cluster_tls_key", str, "DQOES_CLUSTER_TLS_KEY", None,
+            "the private key of cluster_tls_cert (PEM, private to this user)"),
+    Setting("control_plane", "cluster_tls_ca", str, "DQOES_CLUSTER_TLS_CA", None,
+            "the CA (PEM) every member's route certificate is signed by"),
     Setting("control_plane", "server_name", str, "DQOES_SERVER_NAME", None,
             "this member's name in the NATS cluster (default: the host name and the cluster port)"),
     Setting("node", "name", str, "DQOES_NODE", None,

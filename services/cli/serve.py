@@ -204,6 +204,10 @@ async def _member(member: cpcluster.Member, registrar: hosts.Registrar, bus: Bus
     _say(f"control plane: ready (member {member.name} of a NATS cluster; the registrar answers join requests)")
     while not stop.is_set():
         held = await member.hold_lease()
+        try:
+            await member.resync()
+        except BusError as e:
+            _say(f"member {member.name}: the join registry cannot be read now ({e})")
         if held and "manager" not in stack.procs:
             stack.start_manager()
             _say(f"member {member.name}: holds the manager lease; manager started")

@@ -1,7 +1,7 @@
 """A control plane on three hosts (services/cli/cpcluster.py), run for real on this one machine.
 
 Three `dqoes serve control-plane` processes, each a member of one NATS cluster (its own nats-server,
-routes to the other two, the route password from one shared file); a join token made on member 1
+routes to the other two over TLS with a test CA, the route password from one shared file); a join token made on member 1
 admits a node through member 2; the node's worker (sim runtime) runs rounds; an objective is set.
 Member 1's whole process group is then killed with SIGKILL: the node goes on running rounds through
 the others, the objective is still listed (the manager runs again on a survivor, loading the R3
@@ -14,7 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -63,8 +66,49 @@ def start_member(state: Path, out: Path, argv: list[str]) -> Role:
     return role
 
 
+def route_tls(tmp_path: Path) -> list[str]:
+    """Flags for TLS routes: a CA and a certificate for 127.0.0.1 signed by it (openssl); [] without
+    openssl (the routes then run in clear)."""
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        return []
+    d = tmp_path / "tls"
+    d.mkdir(mode=0o700)
+
+    def run(*argv: str) -> None:
+        subprocess.run([openssl, *argv], check=True, capture_output=True, cwd=d)
+
+    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    run("req", "-x509", *ec, "-keyout", "ca.key", "-out", "ca.pem", "-days", "1", "-subj", "/CN=dqoes-test-ca")
+    run("req", *ec, "-keyout", "route.key", "-out", "route.csr", "-subj", "/CN=127.0.0.1")
+    (d / "ext.cnf").write_text("subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth,clientAuth\n")
+    run("x509", "-req", "-in", "route.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "route.pem", "-days", "1", "-extfile", "ext.cnf")
+    (d / "route.key").chmod(0o600)
+    return ["--cluster-tls-cert", str(d / "route.pem"), "--cluster-tls-key", str(d / "route.key"),
+            "--cluster-tls-ca", str(d / "ca.pem")]
+
+
+def route_info(port: int, tls: list[str] | None) -> str:
+    """What a route port sends first: to a plain connection (nothing, as TLS comes first), or after a
+    TLS handshake with the members' certificate (its INFO)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        if tls is None:
+            raw.settimeout(1.0)
+            try:
+                return raw.recv(4096).decode()
+            except TimeoutError:
+                return ""
+        flags = dict(zip(tls[::2], tls[1::2], strict=True))
+        ctx = ssl.create_default_context(cafile=flags["--cluster-tls-ca"])
+        ctx.load_cert_chain(flags["--cluster-tls-cert"], flags["--cluster-tls-key"])
+        with ctx.wrap_socket(raw, server_hostname="127.0.0.1") as conn:
+            return conn.recv(4096).decode()
+
+
 @pytest.fixture
 def members(tmp_path: Path) -> Iterator[list[Member]]:
+    tls = route_tls(tmp_path)
     secret = tmp_path / "cluster.secret"
     secret.write_text("a-shared-route-password-for-the-test\n")
     secret.chmod(0o600)
@@ -77,10 +121,14 @@ def members(tmp_path: Path) -> Iterator[list[Member]]:
             role = start_member(tmp_path / f"cp{i + 1}", tmp_path / f"cp{i + 1}.out", [
                 "--listen", "127.0.0.1", "--port", str(client_ports[i]), "--server-name", f"cp{i + 1}",
                 "--cluster-listen", f"127.0.0.1:{route_ports[i]}", "--routes", routes,
-                "--cluster-secret-file", str(secret)])
+                "--cluster-secret-file", str(secret), *tls])
             out.append(Member(role, f"nats://127.0.0.1:{client_ports[i]}"))
         for m in out:
             m.role.wait_for("control plane: ready", timeout_s=60)
+        if tls:  # each member's route port speaks only TLS, and only to a certificate of the CA
+            for port in route_ports:
+                assert route_info(port, None) == "", "a route port answered in clear"
+                assert '"tls_required":true' in route_info(port, tls)
         yield out
     finally:
         for m in out:

@@ -47,3 +47,26 @@ def test_routes_need_a_cluster_listen_address(tmp_path):
     with pytest.raises(CliError, match="cluster_listen"):
         cpcluster.write_member_config(tmp_path, _cfg(tmp_path / "s", cluster_listen=None))
     assert not cpcluster.clustered({"routes": None}) and cpcluster.clustered({"routes": "nats-route://h:1"})
+
+
+def test_route_tls_needs_all_three_files_and_a_private_key(tmp_path):
+    secret = tmp_path / "cluster.secret"
+    secret.write_text("a-shared-route-password\n")
+    secret.chmod(0o600)
+    root = tmp_path / "control-plane"
+    root.mkdir(mode=0o700)
+    files = {k: tmp_path / f"{k}.pem" for k in ("cert", "key", "ca")}
+    for f in files.values():
+        f.write_text("PEM\n")
+    files["key"].chmod(0o600)
+    tls = {"cluster_tls_cert": str(files["cert"]), "cluster_tls_key": str(files["key"]),
+           "cluster_tls_ca": str(files["ca"])}
+    text = cpcluster.write_member_config(root, _cfg(secret, **tls)).read_text()
+    assert f'tls {{ cert_file: "{files["cert"]}", key_file: "{files["key"]}", ca_file: "{files["ca"]}", ' \
+           "verify: true" in text
+    with pytest.raises(CliError, match="needs all of"):
+        cpcluster.write_member_config(root, _cfg(secret, cluster_tls_cert=str(files["cert"])))
+    files["key"].chmod(0o644)
+    with pytest.raises(CliError, match="readable by others"):
+        cpcluster.write_member_config(root, _cfg(secret, **tls))
+    assert "tls {" not in cpcluster.write_member_config(root, _cfg(secret)).read_text()
