@@ -4,7 +4,10 @@ Why: with a single control-plane host, losing it stops objective changes and
 joins. Three hosts each run `dqoes serve control-plane` with `cluster_listen`
 and `routes` (the other members): their nats-servers form one cluster
 (shared/natscluster.py writes each member's config; the routes authenticate
-with the password every member reads from `cluster_secret_file`), JetStream
+with the password every member reads from `cluster_secret_file`, inside TLS
+with both ends' certificates verified when `cluster_tls_*` are given, so
+neither that password nor the replicated registry crosses the network in
+clear), JetStream
 keeps the objectives bucket in three replicas, and a node given every
 member's URL reconnects to a survivor by itself.
 

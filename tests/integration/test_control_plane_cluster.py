@@ -163,6 +163,19 @@ async def _ask(m: Member, subject: str, body: bytes, timeout_s: float = 40.0) ->
         await bus.close()
 
 
+async def _registry_refused(m: Member, creds: Path) -> bool:
+    """Whether the replicated registry (tokens' secrets in it) is out of reach of `creds`' identity."""
+    bus = await Bus.connect(m.url, "test-snoop", creds=creds)
+    try:
+        kv = await bus.kv(subjects.KV_CONTROL, replicas=3, wait_s=2.0)
+        await kv.get("registry")
+        return False
+    except BusError:
+        return True
+    finally:
+        await bus.close()
+
+
 async def _rounds(m: Member, node: str, count: int, timeout_s: float = 40.0) -> list[int]:
     """`count` rounds of `node`'s worker, seen through member `m`."""
     bus = await Bus.connect(m.url, "test-watch", creds=m.admin)
@@ -213,6 +226,8 @@ def test_three_members_survive_a_lost_host_and_share_joins_and_revokes(members, 
     node_state = tmp_path / "host-a"
     record = join(m2, token(m1), node_state, "worker-1")
     assert sorted(auth.server_list(record["control_plane"])) == sorted(m.url for m in members), record
+    creds = node_state / "node" / "auth" / "worker-worker-1.creds"
+    assert asyncio.run(_registry_refused(m2, creds)), "a node's identity could read the join registry"
     node = serve(node_state, tmp_path / "node.out", "node", "--runtime", "sim", "--scenario",
                  "paper-identical-achievable", "--time-scale", "10")
     try:
@@ -238,7 +253,6 @@ def test_three_members_survive_a_lost_host_and_share_joins_and_revokes(members, 
         assert join(m3, token(m3), tmp_path / "host-b", "n2")["node"] == "n2"
 
         # Revoking worker-1 on member 3 cuts it off at member 2 too.
-        creds = node_state / "node" / "auth" / "worker-worker-1.creds"
         node.stop()
 
         async def revoke() -> tuple[bool, list[str]]:
