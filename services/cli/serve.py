@@ -161,7 +161,8 @@ async def _control_plane_loop(stack: Stack, root: Path, cfg: dict[str, Any], ear
             _say("control plane: ready (the registrar answers join requests)" if cfg["accept_joins"]
                  else "control plane: ready (joins off)")
         else:
-            lead = asyncio.get_running_loop().create_task(_member(member, registrar, bus, stack, stop))
+            lead = asyncio.get_running_loop().create_task(_member(member, registrar, bus, stack, stop,
+                                                                     cfg["accept_joins"]))
     except BusError as e:
         _say(f"control plane: the registrar could not connect ({e}); joins are not answered")
 
@@ -188,7 +189,7 @@ async def _control_plane_loop(stack: Stack, root: Path, cfg: dict[str, Any], ear
 
 
 async def _member(member: cpcluster.Member, registrar: hosts.Registrar, bus: Bus, stack: Stack,
-                  stop: asyncio.Event) -> None:
+                  stop: asyncio.Event, registrar_answers: bool) -> None:
     """Join the replicated buckets (again until the cluster has the quorum to make them), answer joins,
     then run the manager on this member while it holds the lease (services/cli/cpcluster.py)."""
     while not stop.is_set():
@@ -201,7 +202,8 @@ async def _member(member: cpcluster.Member, registrar: hosts.Registrar, bus: Bus
     if stop.is_set():
         return
     await registrar.start(bus)
-    _say(f"control plane: ready (member {member.name} of a NATS cluster; the registrar answers join requests)")
+    joins = "the registrar answers join requests" if registrar_answers else "joins off"
+    _say(f"control plane: ready (member {member.name} of a NATS cluster; {joins})")
     while not stop.is_set():
         held = await member.hold_lease()
         try:

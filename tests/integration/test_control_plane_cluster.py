@@ -249,6 +249,12 @@ def test_three_members_survive_a_lost_host_and_share_joins_and_revokes(members, 
         print(f"member lost: 3 rounds seen {rounds_s:.1f} s after, the objective listed by the new manager "
               f"{answered_s:.1f} s after")
 
+        # Tokens are the same on every member: one made on member 2 is listed on member 3.
+        spare = dqoes("join-token", "create", "--json", "--uses", "2", state=m2.role.state)
+        assert spare.returncode == 0, spare.stderr
+        listed = json.loads(dqoes("join-token", "list", "--json", state=m3.role.state).stdout)["tokens"]
+        assert json.loads(spare.stdout)["id"] in [t["id"] for t in listed], listed
+
         # A new node joins through member 3 with a token made there.
         assert join(m3, token(m3), tmp_path / "host-b", "n2")["node"] == "n2"
 
