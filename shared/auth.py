@@ -349,9 +349,13 @@ JOIN_INBOX = f"{INBOX_ROOT}.{JOIN_USER}"
 
 
 def registrar_identity() -> Identity:
+    """Answers joins and, on a control plane of several members, keeps the replicated registry and the
+    manager's lease (services/cli/cpcluster.py): those two buckets and nothing else of JetStream."""
+    buckets = (*bucket_subjects(subjects.KV_CONTROL), *bucket_subjects(subjects.KV_LEADER))
+    own = f"{inbox_prefix(REGISTRAR)}.>"
     return Identity(REGISTRAR, REGISTRAR, None,
-                    Permissions(publish=(REPLIES,),
-                                subscribe=(subjects.JOIN_REQUEST, f"{inbox_prefix(REGISTRAR)}.>")))
+                    Permissions(publish=(REPLIES, *buckets),
+                                subscribe=(subjects.JOIN_REQUEST, own)))
 
 
 def join_permissions() -> Permissions:

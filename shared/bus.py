@@ -76,6 +76,10 @@ class _NoJetStream(BusError):
     """The server has no JetStream: waiting will not help."""
 
 
+class KVConflict(BusError):
+    """A compare-and-set on a key-value entry lost: the key changed (or exists) since it was read."""
+
+
 class RequestTimeout(BusError, TimeoutError):
     """A request got no reply in time."""
 
@@ -563,7 +567,8 @@ class Bus:
 
     # --- JetStream key-value ----------------------------------------------------------
 
-    async def kv(self, bucket: str, history: int = 5, replicas: int = 1, wait_s: float = 30.0) -> KV:
+    async def kv(self, bucket: str, history: int = 5, replicas: int = 1, wait_s: float = 30.0,
+                 ttl_s: float | None = None) -> KV:
         """The key-value bucket `bucket` (file storage), created if missing.
 
         An existing bucket is used as it is (its history and replicas are kept).
@@ -571,11 +576,12 @@ class Bus:
         server can be lost without losing a value). A freshly formed cluster
         answers with timeouts while it elects its JetStream leaders: those are
         retried for `wait_s`; a disabled JetStream or a bad name fail at once.
+        `ttl_s`: a new bucket forgets a value this long after it was written (a lease).
         """
         deadline = time.monotonic() + wait_s
         while True:
             try:
-                store = await self._open_kv(bucket, history, replicas)
+                store = await self._open_kv(bucket, history, replicas, ttl_s)
                 break
             except _NoJetStream:
                 raise
@@ -585,14 +591,15 @@ class Bus:
                 await asyncio.sleep(0.5)
         return KV(self, bucket, store)
 
-    async def _open_kv(self, bucket: str, history: int, replicas: int) -> Any:
+    async def _open_kv(self, bucket: str, history: int, replicas: int, ttl_s: float | None = None) -> Any:
         js = self._nc.jetstream()
         try:
             try:
                 return await js.key_value(bucket)
             except nats.js.errors.BucketNotFoundError:
                 store = await js.create_key_value(
-                    KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas)
+                    KeyValueConfig(bucket=bucket, history=history, storage=StorageType.FILE, replicas=replicas,
+                                   ttl=ttl_s)
                 )
                 log.info("created key-value bucket %s (history %d, replicas %d)", bucket, history, replicas)
                 return store
@@ -700,6 +707,29 @@ class KV:
             raise ValueError(f"invalid key-value key {key!r}") from None
         except (nats.errors.Error, TimeoutError) as e:
             raise BusError(f"kv {self.bucket}: put {key!r} failed: {_one_line(e)}") from None
+
+    async def create(self, key: str, value: bytes) -> int:
+        """Store `value` under `key` only if it has none; its revision. KVConflict if it has one."""
+        try:
+            return await self._store.create(key, bytes(value))
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise KVConflict(f"kv {self.bucket}: {key!r} exists") from None
+        except nats.js.errors.InvalidKeyError:
+            raise ValueError(f"invalid key-value key {key!r}") from None
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"kv {self.bucket}: create {key!r} failed: {_one_line(e)}") from None
+
+    async def update(self, key: str, value: bytes, last: int) -> int:
+        """Store `value` under `key` only if its revision is still `last`; the new revision.
+        KVConflict if another write came first."""
+        try:
+            return await self._store.update(key, bytes(value), last=last)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise KVConflict(f"kv {self.bucket}: {key!r} changed since revision {last}") from None
+        except nats.js.errors.InvalidKeyError:
+            raise ValueError(f"invalid key-value key {key!r}") from None
+        except (nats.errors.Error, TimeoutError) as e:
+            raise BusError(f"kv {self.bucket}: update {key!r} failed: {_one_line(e)}") from None
 
     async def delete(self, key: str) -> None:
         """Delete `key` (a delete marker; watchers see an entry with value None)."""

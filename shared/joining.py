@@ -22,7 +22,11 @@ shared/authfiles.py): `tokens.json` (id -> secret, expiry, uses left) and
 `nodes.json` (node -> its public keys): the registry the server's
 authorization is generated from (`shared.auth.control_plane_config`). Every
 read-modify-write holds an exclusive flock on `join.lock`, so the join
-responder and a `dqoes node revoke` never lose each other's change.
+responder and a `dqoes node revoke` never lose each other's change. The
+operations themselves (`new_token`, `admit`, `drop_node`...) are pure functions
+of a registry dict, so a control plane spread over hosts applies the same ones
+to its replicated copy (services/cli/cpcluster.py) and mirrors it into these
+files.
 
 Standard library only and no NATS: time is passed in (`now`), the wire
 format is JSON bytes (`encode_request`, `decode_request`).
@@ -116,6 +120,85 @@ def decode_request(data: bytes) -> JoinRequest:
     return JoinRequest(**fields)
 
 
+# --- the registry: pure operations on {"tokens": {...}, "nodes": {...}} ----------------------------
+# The same operations serve both storages: the control plane's join/ files (one member) and the
+# replicated key-value entry of a control plane on several hosts (services/cli/cpcluster.py), which
+# applies them with a compare-and-set on the entry's revision.
+
+Registry = dict[str, dict[str, Any]]
+
+
+def empty_registry() -> Registry:
+    return {"tokens": {}, "nodes": {}}
+
+
+def registry_from(obj: Any) -> Registry:
+    """`obj` (decoded JSON) as a registry; JoinError for anything else."""
+    if not isinstance(obj, dict) or not all(isinstance(obj.get(k, {}), dict) for k in ("tokens", "nodes")):
+        raise JoinError("join registry: expected {\"tokens\": {...}, \"nodes\": {...}}")
+    return {"tokens": dict(obj.get("tokens", {})), "nodes": dict(obj.get("nodes", {}))}
+
+
+def new_token(reg: Registry, now: float, ttl_s: float = DEFAULT_TTL_S, uses: int = 1) -> tuple[str, str]:
+    """Add a new token to `reg` (expired ones dropped): (its id, the whole token to give the node)."""
+    if ttl_s <= 0 or uses < 1:
+        raise JoinError("a join token needs a lifetime > 0 s and at least one use")
+    token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
+    reg["tokens"] = {k: v for k, v in reg["tokens"].items() if float(v["expires_at"]) > now}
+    reg["tokens"][token_id] = {"secret": secret, "created_at": now, "expires_at": now + ttl_s, "uses_left": uses}
+    return token_id, f"{TOKEN_PREFIX}-{token_id}-{secret}"
+
+
+def usable_tokens(reg: Registry, now: float) -> list[dict[str, Any]]:
+    """The usable tokens of `reg` (never their secrets): id, expires_at, uses_left."""
+    return [{"id": k, "expires_at": v["expires_at"], "uses_left": v["uses_left"]}
+            for k, v in sorted(reg["tokens"].items()) if float(v["expires_at"]) > now and int(v["uses_left"]) > 0]
+
+
+def drop_token(reg: Registry, token_id: str) -> None:
+    if reg["tokens"].pop(token_id, None) is None:
+        raise JoinError(f"no join token {token_id!r} (see `dqoes join-token list`)")
+
+
+def admit(reg: Registry, request: JoinRequest, now: float, reserved: frozenset[str] = frozenset()) -> JoinedNode:
+    """Admit the node of `request` into `reg` if its token is good: it enters the nodes and the token
+    loses a use. JoinError (one line) otherwise, and `reg` is unchanged. `reserved`: node names taken
+    otherwise (the control plane's own identities)."""
+    entry = reg["tokens"].get(request.token_id)
+    good = entry is not None and float(entry["expires_at"]) > now and int(entry["uses_left"]) > 0
+    expected = proof(str(entry["secret"]) if entry else "x" * 43, request.node, request.worker_nkey,
+                     request.inference_nkey)
+    if not (hmac.compare_digest(expected, request.proof) and good):
+        raise JoinError(REFUSED)
+    try:
+        node = subjects.validate_id(request.node, "node")
+    except ValueError as e:
+        raise JoinError(f"join refused: {e}") from None
+    for key in (request.worker_nkey, request.inference_nkey):
+        if not (key.startswith("U") and len(key) == 56 and key.isalnum()):
+            raise JoinError("join refused: a public key is not a user nkey")
+    known = reg["nodes"].get(node)
+    same = known is not None and (known["worker_nkey"], known["inference_nkey"]) == (
+        request.worker_nkey, request.inference_nkey)
+    if node in reserved or (known is not None and not same):
+        raise JoinError(f"join refused: node {node} is already joined (`dqoes node revoke {node}` first)")
+    joined = JoinedNode(node, request.worker_nkey, request.inference_nkey, now, request.token_id)
+    if not same:
+        assert entry is not None
+        reg["nodes"][node] = asdict(joined)
+        reg["tokens"][request.token_id] = {**entry, "uses_left": int(entry["uses_left"]) - 1}
+    return joined
+
+
+def nodes_in(reg: Registry) -> dict[str, JoinedNode]:
+    return {k: JoinedNode(**v) for k, v in sorted(reg["nodes"].items())}
+
+
+def drop_node(reg: Registry, node: str) -> None:
+    if reg["nodes"].pop(node, None) is None:
+        raise JoinError(f"no joined node {node!r} (see `dqoes node list`)")
+
+
 # --- files ----------------------------------------------------------------------------------
 
 
@@ -153,80 +236,59 @@ def _write(path: Path, obj: dict[str, Any]) -> None:
         raise JoinError(str(e)) from None
 
 
+def read_registry(directory: str | os.PathLike[str]) -> Registry:
+    """The registry held in the join directory's files."""
+    with locked(directory) as d:
+        return {"tokens": _read(d / TOKENS_NAME), "nodes": _read(d / NODES_NAME)}
+
+
+def write_registry(directory: str | os.PathLike[str], reg: Registry) -> None:
+    """Replace the files' registry with `reg` (a member of a replicated control plane mirrors it)."""
+    with locked(directory) as d:
+        _write(d / TOKENS_NAME, reg["tokens"])
+        _write(d / NODES_NAME, reg["nodes"])
+
+
+@contextlib.contextmanager
+def _changing(directory: str | os.PathLike[str]) -> Iterator[Registry]:
+    """The files' registry, written back if the body returns (not if it raises)."""
+    with locked(directory) as d:
+        reg = {"tokens": _read(d / TOKENS_NAME), "nodes": _read(d / NODES_NAME)}
+        before = {k: json.dumps(v, sort_keys=True) for k, v in reg.items()}
+        yield reg
+        for key, name in (("tokens", TOKENS_NAME), ("nodes", NODES_NAME)):
+            if json.dumps(reg[key], sort_keys=True) != before[key]:
+                _write(d / name, reg[key])
+
+
 def create_token(directory: str | os.PathLike[str], now: float, ttl_s: float = DEFAULT_TTL_S,
                  uses: int = 1) -> tuple[str, str]:
     """A new token: (its id, the whole token to give the node). Expired tokens are dropped meanwhile."""
-    if ttl_s <= 0 or uses < 1:
-        raise JoinError("a join token needs a lifetime > 0 s and at least one use")
-    token_id, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
-    with locked(directory) as d:
-        tokens = {k: v for k, v in _read(d / TOKENS_NAME).items() if float(v["expires_at"]) > now}
-        tokens[token_id] = {"secret": secret, "created_at": now, "expires_at": now + ttl_s, "uses_left": uses}
-        _write(d / TOKENS_NAME, tokens)
-    return token_id, f"{TOKEN_PREFIX}-{token_id}-{secret}"
+    with _changing(directory) as reg:
+        return new_token(reg, now, ttl_s, uses)
 
 
 def list_tokens(directory: str | os.PathLike[str], now: float) -> list[dict[str, Any]]:
     """The usable tokens (never their secrets): id, expires_at, uses_left."""
-    with locked(directory) as d:
-        tokens = _read(d / TOKENS_NAME)
-    return [{"id": k, "expires_at": v["expires_at"], "uses_left": v["uses_left"]}
-            for k, v in sorted(tokens.items()) if float(v["expires_at"]) > now and int(v["uses_left"]) > 0]
+    return usable_tokens(read_registry(directory), now)
 
 
 def revoke_token(directory: str | os.PathLike[str], token_id: str) -> None:
-    with locked(directory) as d:
-        tokens = _read(d / TOKENS_NAME)
-        if tokens.pop(token_id, None) is None:
-            raise JoinError(f"no join token {token_id!r} (see `dqoes join-token list`)")
-        _write(d / TOKENS_NAME, tokens)
+    with _changing(directory) as reg:
+        drop_token(reg, token_id)
 
 
 def accept(directory: str | os.PathLike[str], request: JoinRequest, now: float,
            reserved: frozenset[str] = frozenset()) -> JoinedNode:
-    """Admit the node of `request` if its token is good: it enters the registry and the token loses a
-    use. JoinError (one line) otherwise, and nothing changes. `reserved`: node names taken otherwise
-    (the control plane's own identities)."""
-    with locked(directory) as d:
-        tokens = _read(d / TOKENS_NAME)
-        entry = tokens.get(request.token_id)
-        good = entry is not None and float(entry["expires_at"]) > now and int(entry["uses_left"]) > 0
-        expected = proof(str(entry["secret"]) if entry else "x" * 43, request.node, request.worker_nkey,
-                         request.inference_nkey)
-        if not (hmac.compare_digest(expected, request.proof) and good):
-            raise JoinError(REFUSED)
-        try:
-            node = subjects.validate_id(request.node, "node")
-        except ValueError as e:
-            raise JoinError(f"join refused: {e}") from None
-        for key in (request.worker_nkey, request.inference_nkey):
-            if not (key.startswith("U") and len(key) == 56 and key.isalnum()):
-                raise JoinError("join refused: a public key is not a user nkey")
-        nodes = _read(d / NODES_NAME)
-        known = nodes.get(node)
-        same = known is not None and (known["worker_nkey"], known["inference_nkey"]) == (
-            request.worker_nkey, request.inference_nkey)
-        if node in reserved or (known is not None and not same):
-            raise JoinError(f"join refused: node {node} is already joined (`dqoes node revoke {node}` first)")
-        joined = JoinedNode(node, request.worker_nkey, request.inference_nkey, now, request.token_id)
-        if not same:
-            nodes[node] = asdict(joined)
-            _write(d / NODES_NAME, nodes)
-            assert entry is not None
-            entry["uses_left"] = int(entry["uses_left"]) - 1
-            _write(d / TOKENS_NAME, tokens)
-        return joined
+    """`admit` on the files' registry, under their lock."""
+    with _changing(directory) as reg:
+        return admit(reg, request, now, reserved)
 
 
 def joined_nodes(directory: str | os.PathLike[str]) -> dict[str, JoinedNode]:
-    with locked(directory) as d:
-        nodes = _read(d / NODES_NAME)
-    return {k: JoinedNode(**v) for k, v in sorted(nodes.items())}
+    return nodes_in(read_registry(directory))
 
 
 def remove_node(directory: str | os.PathLike[str], node: str) -> None:
-    with locked(directory) as d:
-        nodes = _read(d / NODES_NAME)
-        if nodes.pop(node, None) is None:
-            raise JoinError(f"no joined node {node!r} (see `dqoes node list`)")
-        _write(d / NODES_NAME, nodes)
+    with _changing(directory) as reg:
+        drop_node(reg, node)

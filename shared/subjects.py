@@ -72,6 +72,11 @@ LAUNCH_ALL = f"{PREFIX}.launch.*"
 JOIN_REQUEST = f"{PREFIX}.join.request"
 """A joining node -> the control plane's registrar (request/reply, JSON; shared/joining.py): the
 only subject the anonymous `join` identity may publish on."""
+KV_CONTROL = "dqoes_control_plane"
+"""A control plane on several hosts: the join registry (key `registry`) and its members' client URLs
+(`member.<name>`), replicated; only the members' registrar identity may use it."""
+KV_LEADER = "dqoes_manager_lease"
+"""A control plane on several hosts: the lease (key `manager`) of the member whose manager runs."""
 """JetStream key-value bucket holding the durable objectives (one key per container)."""
 
 _KINDS_WITH_NODE = ("decisions", "state", "objectives", "control", "training", "launch")

@@ -62,6 +62,23 @@ SETTINGS: tuple[Setting, ...] = (
             "the NATS URL nodes are told to join (default nats://<listen>:<port>)"),
     Setting("control_plane", "accept_joins", bool, "DQOES_ACCEPT_JOINS", True,
             "answer join requests (anonymous connections may then publish a join request, nothing else)"),
+    Setting("control_plane", "cluster_listen", str, "DQOES_CLUSTER_LISTEN", None,
+            "HOST:PORT this member's NATS cluster routes listen on (with routes: one member of a control plane "
+            "on several hosts, docs/guide/three-hosts.md)"),
+    Setting("control_plane", "routes", str, "DQOES_ROUTES", None,
+            "the other members' route URLs, nats-route://HOST:PORT (a TOML list, or comma-separated)"),
+    Setting("control_plane", "cluster_secret_file", str, "DQOES_CLUSTER_SECRET_FILE", None,
+            "the route password every member shares, a file private to this user (default: made once in "
+            "this member's auth/cluster-routes.secret: copy that file to the other members)"),
+    Setting("control_plane", "cluster_tls_cert", str, "DQOES_CLUSTER_TLS_CERT", None,
+            "this member's route certificate (PEM); with cluster_tls_key and cluster_tls_ca every route is TLS, "
+            "both ends verified, so no route password or cluster traffic crosses the network in clear"),
+    Setting("control_plane", "cluster_tls_key", str, "DQOES_CLUSTER_TLS_KEY", None,
+            "the private key of cluster_tls_cert (PEM, private to this user)"),
+    Setting("control_plane", "cluster_tls_ca", str, "DQOES_CLUSTER_TLS_CA", None,
+            "the CA (PEM) every member's route certificate is signed by"),
+    Setting("control_plane", "server_name", str, "DQOES_SERVER_NAME", None,
+            "this member's name in the NATS cluster (default: the host name and the cluster port)"),
     Setting("node", "name", str, "DQOES_NODE", None,
             "this node's name (default: the host name; docker runtime: the engine's, `docker info` Name)"),
     Setting("node", "control_plane", str, "DQOES_CONTROL_PLANE", None,
@@ -101,6 +118,8 @@ def settings_of(section: str) -> list[Setting]:
 
 def _convert(s: Setting, value: Any, where: str) -> Any:
     """`value` as the setting's type; CliError naming `where` and the key."""
+    if s.key == "routes" and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
     try:
         if s.kind is bool:
             if isinstance(value, bool):
@@ -125,6 +144,10 @@ def _convert(s: Setting, value: Any, where: str) -> Any:
         raise CliError(f"{where}: {s.name}: expected {s.kind.__name__}, got {value!r}") from None
     if s.key == "control_plane":
         out = nats_urls(out, f"{where}: {s.name}")
+    if s.key == "routes":
+        route_list(out, f"{where}: {s.name}")
+    if s.key == "cluster_listen":
+        host_port(out, f"{where}: {s.name}")
     if s.choices is not None and out not in s.choices:
         raise CliError(f"{where}: {s.name}: {out!r} is not one of {', '.join(s.choices)}")
     return out
@@ -141,6 +164,33 @@ def nats_urls(text: str, where: str) -> str:
     if not urls:
         raise CliError(f"{where}: no NATS URL given")
     return ",".join(urls)
+
+
+def route_list(text: str, where: str) -> list[str]:
+    """`HOST:PORT` of each nats-route:// URL of a comma-separated list; CliError naming `where` for an
+    item that is not one, or one that carries a user or password (the shared secret file does)."""
+    out = []
+    for u in [u.strip() for u in text.split(",") if u.strip()]:
+        parts = urlsplit(u)
+        try:
+            port = parts.port
+        except ValueError:
+            port = None
+        if parts.scheme != "nats-route" or not parts.hostname or port is None or parts.username or parts.password:
+            raise CliError(f"{where}: {u!r} is not a route URL (nats-route://HOST:PORT, no user or password: "
+                           "the password comes from cluster_secret_file)")
+        out.append(f"{parts.hostname}:{port}")
+    if not out:
+        raise CliError(f"{where}: no route URL given")
+    return out
+
+
+def host_port(text: str, where: str) -> tuple[str, int]:
+    """(host, port) of `HOST:PORT`; CliError naming `where` otherwise."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise CliError(f"{where}: {text!r} is not HOST:PORT (such as 0.0.0.0:6222)")
+    return host, int(port)
 
 
 def load_file(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -209,6 +259,10 @@ def resolve(args: argparse.Namespace, section: str) -> dict[str, Any]:
         env = os.environ.get(s.env)
         if flag is not None:
             out[s.key] = nats_urls(flag, s.flag) if s.key == "control_plane" else flag
+            if s.key == "routes":
+                route_list(flag, s.flag)
+            elif s.key == "cluster_listen":
+                host_port(flag, s.flag)
         elif env:
             out[s.key] = _convert(s, env, f"${s.env}")
         elif s.name in from_file:

@@ -31,9 +31,9 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from services.cli import deployments
 from services.cli.common import CliError
@@ -43,6 +43,8 @@ from shared.bus import Bus, BusError, Incoming
 CONTROL_PLANE = "control-plane"
 NODE = "node"
 NODE_RECORD = "node.json"
+REGISTRARS = "registrars"
+"""The queue group of the registrars (one answers each join request)."""
 
 
 def state_root(cfg: dict[str, Any]) -> Path:
@@ -115,22 +117,44 @@ def wait_config_without(root: Path, key: str, timeout_s: float = 10.0) -> bool:
 # --- the registrar: the control plane's end of a join -------------------------------------------
 
 
+T = TypeVar("T")
+
+
+class Replicated(Protocol):
+    """The registry of a control plane on several hosts (services/cli/cpcluster.py's Member)."""
+
+    def change(self, fn: Callable[[joining.Registry], T]) -> Awaitable[T]: ...
+
+    def servers(self) -> Awaitable[list[str]]: ...
+
+
 class Registrar:
     """Answers join requests on `dqoes.join.request` for the control plane at `root`."""
 
-    def __init__(self, root: Path, on_change: Callable[[], None]) -> None:
+    def __init__(self, root: Path, on_change: Callable[[], None], replicated: Replicated | None = None) -> None:
         self.root = root
         self.on_change = on_change
         """Called after the registry changed: regenerate the authorization and reload the server."""
+        self.replicated = replicated
+        """A member of several: joins change the replicated registry, whose watch regenerates."""
         self.log: list[str] = []
 
     async def handle(self, bus: Bus, incoming: Incoming) -> None:
         joined = None
         try:
             request = joining.decode_request(incoming.data)
-            joined = joining.accept(join_dir(self.root), request, time.time(), reserved_names(self.root))
-            answer: dict[str, Any] = {"ok": True, "node": joined.node,
-                                      "identities": [auth.identity_name(r, joined.node) for r in auth.PER_NODE]}
+            now, reserved = time.time(), reserved_names(self.root)
+            answer: dict[str, Any] = {"ok": True}
+            if self.replicated is None:
+                joined = joining.accept(join_dir(self.root), request, now, reserved)
+            else:
+                joined = await self.replicated.change(lambda reg: joining.admit(reg, request, now, reserved))
+                answer["servers"] = await self.replicated.servers()
+            answer.update(node=joined.node,
+                          identities=[auth.identity_name(r, joined.node) for r in auth.PER_NODE])
+        except BusError as e:
+            answer = {"ok": False, "error": f"join not recorded: {e}"}
+            self.log.append(f"a join request could not be recorded: {e}")
         except joining.JoinError as e:
             answer = {"ok": False, "error": str(e)}
             self.log.append(f"refused a join request: {e}")
@@ -138,7 +162,9 @@ class Registrar:
         # node then connects with its new identity, retrying until the reload has taken it in.
         await bus.reply(incoming, json.dumps(answer).encode())
         await bus.flush()
-        if joined is not None:
+        if joined is not None and self.replicated is not None:
+            self.log.append(f"node {joined.node} joined (token {joined.token_id}); every member admits it")
+        elif joined is not None:
             try:
                 self.on_change()
                 self.log.append(f"node {joined.node} joined (token {joined.token_id})")
@@ -146,7 +172,9 @@ class Registrar:
                 self.log.append(f"node {joined.node} admitted, but the authorization was not regenerated: {e}")
 
     async def start(self, bus: Bus) -> None:
-        await bus.subscribe_raw(subjects.JOIN_REQUEST, lambda m: self.handle(bus, m))
+        # One registrar answers each request: the members of a control plane on several hosts all
+        # subscribe, and a second answer (the token then used up) would race the first to the node.
+        await bus.subscribe_raw(subjects.JOIN_REQUEST, lambda m: self.handle(bus, m), queue=REGISTRARS)
 
 
 # --- the node's end ----------------------------------------------------------------------------
@@ -212,6 +240,11 @@ def join(root: Path, url: str, token: str, node: str, timeout_s: float = 10.0) -
         asyncio.run(_verify(plain, worker, timeout_s))
     except BusError as e:
         raise CliError(f"join: admitted, but the worker identity cannot connect: {e}") from None
+    servers = answer.get("servers")
+    if isinstance(servers, list) and servers and all(isinstance(s, str) for s in servers):
+        # A control plane of several members: the node keeps every member's URL, the one it asked first.
+        given = auth.server_list(plain)
+        plain = ",".join(given + [s for s in servers if s not in given])
     record = {"node": node, "control_plane": plain}
     try:
         authfiles.write_private(root / NODE_RECORD, json.dumps(record) + "\n")

@@ -7,7 +7,10 @@ proof; services/cli/hosts.py the exchange). On the control plane's host:
 `revoke`), `dqoes node list` the joined nodes and `dqoes node revoke NAME`
 removes a node's identities and has the running control plane reload its
 server (its connections are closed, new ones refused). On the node:
-`dqoes join URL --token TOKEN`, then `dqoes serve node`.
+`dqoes join URL --token TOKEN`, then `dqoes serve node`. On a member of a
+control plane spread over hosts the same commands change the replicated
+registry through the member running here, and every member applies the
+change (services/cli/cpcluster.py).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import argparse
 import time
 from typing import Any
 
-from services.cli import hostconfig, hosts
+from services.cli import cpcluster, hostconfig, hosts
 from services.cli.common import CliError, emit_json
 from shared import authfiles, joining
 
@@ -50,15 +53,22 @@ def _joining(fn: Any, *a: Any) -> Any:
         raise CliError(str(e)) from None
 
 
+def _registry_op(root: Any, on_files: Any, on_registry: Any, *a: Any) -> Any:
+    """`on_files(join_dir, *a)` on a single control plane; `on_registry(registry, *a)` on the
+    replicated registry when this control plane is a member of several."""
+    if cpcluster.cluster_url(root) is not None:
+        return cpcluster.on_member(root, lambda reg: on_registry(reg, *a))
+    return _joining(on_files, hosts.join_dir(root), *a)
+
+
 def cmd_token(args: argparse.Namespace) -> int:
     root = _control_plane_root(args)
-    jd = hosts.join_dir(root)
     now = time.time()
     if args.token_action == "create":
         ttl_s = _parse_duration(args.ttl)
         if args.uses < 1:
             raise CliError("--uses must be at least 1")
-        token_id, token = _joining(joining.create_token, jd, now, ttl_s, args.uses)
+        token_id, token = _registry_op(root, joining.create_token, joining.new_token, now, ttl_s, args.uses)
         if args.json:
             emit_json({"id": token_id, "token": token, "expires_at": now + ttl_s, "uses": args.uses})
         elif args.quiet:
@@ -68,7 +78,7 @@ def cmd_token(args: argparse.Namespace) -> int:
             print(f"  dqoes join NATS_URL --token {token}")
         return 0
     if args.token_action == "list":
-        tokens = _joining(joining.list_tokens, jd, now)
+        tokens = _registry_op(root, joining.list_tokens, joining.usable_tokens, now)
         if args.json:
             emit_json({"tokens": tokens})
         else:
@@ -77,16 +87,15 @@ def cmd_token(args: argparse.Namespace) -> int:
             if not tokens:
                 print("no usable join tokens")
         return 0
-    _joining(joining.revoke_token, jd, args.id)
+    _registry_op(root, joining.revoke_token, joining.drop_token, args.id)
     print(f"join token {args.id} revoked")
     return 0
 
 
 def cmd_node(args: argparse.Namespace) -> int:
     root = _control_plane_root(args)
-    jd = hosts.join_dir(root)
     if args.node_action == "list":
-        nodes = _joining(joining.joined_nodes, jd)
+        nodes = _registry_op(root, joining.joined_nodes, joining.nodes_in)
         if args.json:
             emit_json({"nodes": [{"node": n.node, "joined_at": n.joined_at, "token_id": n.token_id,
                                   "worker_nkey": n.worker_nkey} for n in nodes.values()]})
@@ -97,10 +106,17 @@ def cmd_node(args: argparse.Namespace) -> int:
             if not nodes:
                 print("no joined nodes")
         return 0
-    node = _joining(joining.joined_nodes, jd).get(args.name)
+    node = _registry_op(root, joining.joined_nodes, joining.nodes_in).get(args.name)
     if node is None:
         raise CliError(f"no joined node {args.name!r} (see `dqoes node list`)")
-    _joining(joining.remove_node, jd, args.name)
+    _registry_op(root, joining.remove_node, joining.drop_node, args.name)
+    if cpcluster.cluster_url(root) is not None:
+        # Every member's watch of the registry regenerates its own authorization; this one's is checked.
+        if not hosts.wait_config_without(root, node.worker_nkey):
+            raise CliError(f"node {args.name} removed from the replicated registry, but the member here did "
+                           f"not regenerate its authorization; see its log")
+        print(f"node {args.name} revoked on every member of the control plane")
+        return 0
     pid = hosts.signal_control_plane(root)
     if pid is None:
         print(f"node {args.name} revoked; no control plane runs on {root}: the next start leaves it out")

@@ -8,7 +8,10 @@ takes one role, or both:
   nodes reach it) and the manager, plus the registrar that admits joining
   nodes (services/cli/hosts.py). SIGHUP regenerates the NATS authorization
   from the registry of joined nodes and reloads the server (`dqoes node
-  revoke` sends it).
+  revoke` sends it). With `routes` (and `cluster_listen`) the host is one
+  member of a control plane on several hosts: its nats-server joins the
+  others' cluster, the join registry is replicated and the manager runs on
+  the member holding the lease (services/cli/cpcluster.py).
 - node: this host's worker, with the credentials it made when it joined
   (`dqoes join`), on any runtime (docker: only the containers with the
   project's label on this host's engine), connected to the control plane's
@@ -36,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.cli import deployments, hostconfig, hosts
+from services.cli import cpcluster, deployments, hostconfig, hosts
 from services.cli.common import CliError, set_on_signals, signals_as_flag
 from services.cli.stack import Stack, StackSpec
 from shared import auth, authfiles
@@ -88,30 +91,39 @@ def cmd_control_plane(args: argparse.Namespace) -> int:
     cfg = hostconfig.resolve(args, "control_plane")
     root, lock = _hold(hosts.role_dir(cfg, hosts.CONTROL_PLANE))
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # a revoke before the loop listens: the loop regenerates first
+    clustered = cpcluster.clustered(cfg)
     try:
         stack = Stack(StackSpec(_empty(hosts.CONTROL_PLANE), label=hosts.CONTROL_PLANE,
-                                nats_listen=cfg["listen"], nats_port=cfg["port"]),
+                                nats_listen=cfg["listen"], nats_port=cfg["port"],
+                                bucket_replicas=cpcluster.REPLICAS if clustered else None),
                       run_dir=root, auth_dir=hosts.auth_dir(root))
     except auth.AuthError as e:
         raise CliError(str(e)) from None
     hosts.write_authorization(root, cfg["accept_joins"])
+    if clustered:  # one member of several (services/cli/cpcluster.py)
+        stack.spec.nats_config = str(cpcluster.write_member_config(root, cfg))
     with signals_as_flag() as early:
         try:
             try:
                 stack.start_nats()
             except (OSError, NatsServerError) as e:
                 raise CliError(f"control plane: NATS cannot listen on {cfg['listen']}:{cfg['port']}: {e}") from None
-            stack.start_manager()
+            if not clustered:
+                stack.start_manager()  # a member of several starts it when it holds the lease
             assert stack.front is not None
             host = socket.gethostname() if cfg["listen"] in ("0.0.0.0", "") else cfg["listen"]
             advertise = cfg["advertise"] or f"nats://{host}:{stack.front.port}"
             deployments.write_pointer(root, [{"name": hosts.CONTROL_PLANE, "nats_url": stack.plain_url,
                                               "run_dir": str(root), "auth_dir": str(stack.auth_dir)}])
+            cpcluster.write_cluster_file(root, stack.plain_url if clustered else None)
             _say(f"control plane: NATS {stack.plain_url} (nodes join {advertise}), state {root}")
+            if clustered:
+                _say(f"  member {cpcluster.server_name(cfg)} of a NATS cluster: routes on {cfg['cluster_listen']} "
+                     f"to {cfg['routes']}")
             if cfg["accept_joins"]:
                 _say(f"  join a node: on this host `dqoes join-token create`, on the node "
                      f"`dqoes join {advertise} --token TOKEN`")
-            asyncio.run(_control_plane_loop(stack, root, cfg, early))
+            asyncio.run(_control_plane_loop(stack, root, cfg, early, advertise if clustered else None))
             return 0
         finally:
             stack.stop()
@@ -119,7 +131,10 @@ def cmd_control_plane(args: argparse.Namespace) -> int:
             os.close(lock)
 
 
-async def _control_plane_loop(stack: Stack, root: Path, cfg: dict[str, Any], early: dict[str, bool]) -> None:
+async def _control_plane_loop(stack: Stack, root: Path, cfg: dict[str, Any], early: dict[str, bool],
+                              advertise: str | None) -> None:
+    """Answer joins, regenerate the authorization on SIGHUP; a member of several (`advertise` given)
+    also mirrors the replicated registry and runs the manager while it holds the lease."""
     stop = set_on_signals(asyncio.Event(), early)
     reload_due = asyncio.Event()
 
@@ -131,19 +146,31 @@ async def _control_plane_loop(stack: Stack, root: Path, cfg: dict[str, Any], ear
 
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reload_due.set)
     regenerate()  # anything revoked while the role was starting
-    registrar = hosts.Registrar(root, regenerate)
+    log: list[str] = []
+    member = None
+    if advertise is not None:
+        member = cpcluster.Member(root, cpcluster.server_name(cfg), advertise, regenerate, log)
+    registrar = hosts.Registrar(root, regenerate, member)
     bus: Bus | None = None
+    lead: asyncio.Task[None] | None = None
     try:
-        bus = await Bus.connect(stack.url_for(auth.REGISTRAR), "dqoes-registrar", connect_timeout_s=10.0)
-        await registrar.start(bus)
-        _say("control plane: ready (the registrar answers join requests)" if cfg["accept_joins"]
-             else "control plane: ready (joins off)")
+        bus = await Bus.connect(stack.url_for(auth.REGISTRAR), "dqoes-registrar", connect_timeout_s=10.0,
+                                reconnect_wait_s=0.5)
+        if member is None:
+            await registrar.start(bus)
+            _say("control plane: ready (the registrar answers join requests)" if cfg["accept_joins"]
+                 else "control plane: ready (joins off)")
+        else:
+            lead = asyncio.get_running_loop().create_task(_member(member, registrar, bus, stack, stop,
+                                                                     cfg["accept_joins"]))
     except BusError as e:
         _say(f"control plane: the registrar could not connect ({e}); joins are not answered")
 
     def each_round() -> None:
         while registrar.log:
             _say(f"registrar: {registrar.log.pop(0)}")
+        while log:
+            _say(f"member: {log.pop(0)}")
         if reload_due.is_set():
             reload_due.clear()
             try:
@@ -155,8 +182,41 @@ async def _control_plane_loop(stack: Stack, root: Path, cfg: dict[str, Any], ear
     try:
         await _supervise(stack, stop, each_round)
     finally:
+        if lead is not None:
+            lead.cancel()
         if bus is not None:
             await bus.close()
+
+
+async def _member(member: cpcluster.Member, registrar: hosts.Registrar, bus: Bus, stack: Stack,
+                  stop: asyncio.Event, registrar_answers: bool) -> None:
+    """Join the replicated buckets (again until the cluster has the quorum to make them), answer joins,
+    then run the manager on this member while it holds the lease (services/cli/cpcluster.py)."""
+    while not stop.is_set():
+        try:
+            await member.start(bus)
+            break
+        except (BusError, CliError) as e:
+            _say(f"member {member.name}: the replicated buckets are not reachable yet ({e}); trying again")
+            await wait_event(stop, cpcluster.RENEW_EVERY_S)
+    if stop.is_set():
+        return
+    await registrar.start(bus)
+    joins = "the registrar answers join requests" if registrar_answers else "joins off"
+    _say(f"control plane: ready (member {member.name} of a NATS cluster; {joins})")
+    while not stop.is_set():
+        held = await member.hold_lease()
+        try:
+            await member.resync()
+        except BusError as e:
+            _say(f"member {member.name}: the join registry cannot be read now ({e})")
+        if held and "manager" not in stack.procs:
+            stack.start_manager()
+            _say(f"member {member.name}: holds the manager lease; manager started")
+        elif not held and "manager" in stack.procs:
+            stack.stop_process("manager")
+            _say(f"member {member.name}: lost the manager lease; manager stopped")
+        await wait_event(stop, cpcluster.RENEW_EVERY_S)
 
 
 # --- node --------------------------------------------------------------------------------------
@@ -270,7 +330,9 @@ def add_parsers(sub: argparse._SubParsersAction) -> None:
     roles = p.add_subparsers(dest="role", required=True, metavar="ROLE")
     cp = roles.add_parser("control-plane", help="NATS (JetStream, authentication), the manager, join answers",
                           description="NATS with JetStream and per-identity permissions, the manager, and the "
-                          "registrar admitting nodes that join with a token. SIGHUP reloads the authorization.")
+                          "registrar admitting nodes that join with a token. SIGHUP reloads the authorization. "
+                          "With routes: one member of a control plane on several hosts (one NATS cluster, the "
+                          "join registry and objectives replicated, one manager under a lease).")
     hostconfig.add_flags(cp, "control_plane")
     cp.set_defaults(func=cmd_control_plane)
     nd = roles.add_parser("node", help="this host's worker, with the credentials it made when it joined",

@@ -71,6 +71,11 @@ class StackSpec:
     """Where the front of a private server listens for clients (a control plane: its public address)."""
     nats_port: int = 0
     """The front's port (0: a free one)."""
+    nats_config: str | None = None
+    """The private server's config file (default: the authorization block of `auth_dir`); a member of
+    a control plane on several hosts gives its own, which names its cluster and includes that block."""
+    bucket_replicas: int | None = None
+    """Copies of the objectives bucket the manager makes (default: 3 for a cluster, else 1)."""
 
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -286,7 +291,7 @@ class Stack:
             assert self.auth_dir is not None
             self.nats = NatsServer(jetstream=True, store_dir=str(self.run_dir / "jetstream"),
                                    log_path=str(self.run_dir / "nats-server.out"),
-                                   config_file=auth.config_path(self.auth_dir))
+                                   config_file=self.spec.nats_config or auth.config_path(self.auth_dir))
             self.nats.start()
             self.front = NatsFront(self._upstream, host=self.spec.nats_listen, port=self.spec.nats_port,
                                    upstream_host=self.nats.host).start()
@@ -327,9 +332,10 @@ class Stack:
     def start_manager(self) -> None:
         # The objectives bucket on a connection of its own, the store identity's (shared/auth.py).
         store = self.creds_file("store")
+        replicas = self.spec.bucket_replicas or (3 if self.cluster is not None else None)
         self._spawn("manager", ["-m", "services.manager", "--nats", self.plain_url, "--cluster-interval", "0.5",
                                 *(["--store-creds", str(store)] if store is not None else []),
-                                *(["--bucket-replicas", "3"] if self.cluster is not None else []),
+                                *(["--bucket-replicas", str(replicas)] if replicas else []),
                                 *self._metrics_args("manager")], "manager")
 
     def start_worker(self, node: str, scenario_file: Path | None = None) -> None:

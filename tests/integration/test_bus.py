@@ -19,7 +19,7 @@ import pytest
 
 from services.manager.logic import aggregate
 from shared import public, schema, subjects
-from shared.bus import Bus, BusError, Incoming, KVEntry, NoResponders, RequestTimeout
+from shared.bus import Bus, BusError, Incoming, KVConflict, KVEntry, NoResponders, RequestTimeout
 from shared.natsd import NatsServer
 from shared.schema import ControlMsg, LatencyEvent, ObjectiveAssign
 
@@ -287,6 +287,23 @@ async def test_kv_put_get_delete_keys_and_watch(nats_url):
     with pytest.raises(ValueError, match="invalid key-value key"):
         await kv.put("a b", b"x")
     await bus.drain()
+
+
+async def test_kv_create_and_update_are_compare_and_set(nats_url):
+    bus = await Bus.connect(nats_url, "kv-cas")
+    try:
+        kv = await bus.kv(unique("cas").replace("-", "_"))
+        rev = await kv.create("lease", b"a")
+        with pytest.raises(KVConflict):
+            await kv.create("lease", b"b")
+        rev2 = await kv.update("lease", b"a2", last=rev)
+        with pytest.raises(KVConflict):
+            await kv.update("lease", b"stale", last=rev)
+        assert await kv.get("lease") == b"a2" and rev2 > rev
+        await kv.delete("lease")
+        assert await kv.create("lease", b"c") > rev2  # a deleted key may be created again
+    finally:
+        await bus.close()
 
 
 async def test_kv_needs_jetstream_and_says_so():

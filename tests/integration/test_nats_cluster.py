@@ -53,7 +53,8 @@ def test_losing_any_one_server_loses_no_objective_and_the_loop_resumes(tmp_path)
 
 def test_a_member_config_names_itself_routes_to_the_others_and_includes_the_auth_block(tmp_path):
     text = server_config("nats-2", auth_config=tmp_path / "auth" / "nats-server.conf", config_dir=tmp_path / "run",
-                         secret="s3cret", route_front_port=4001, peer_route_ports=[4000, 4002])
+                         secret="s3cret", listen="127.0.0.1:-1", advertise="127.0.0.1:4001",
+                         routes=["127.0.0.1:4000", "127.0.0.1:4002"])
     assert 'server_name: "nats-2"' in text
     assert 'include "../auth/nats-server.conf"' in text
     assert re.findall(r"nats-route://route:s3cret@127\.0\.0\.1:(\d+)", text) == ["4000", "4002"]

@@ -134,3 +134,20 @@ def test_the_node_role_hands_its_worker_the_stop_mode_and_the_label_rule(tmp_pat
     worker = parse(argv[2:])
     assert (worker.on_stop, worker.require_node_label) == (("restore", True) if flags else ("keep", False))
     assert worker.nats_url == "nats://a:4222,nats://b:4222"
+
+
+def test_routes_come_as_a_toml_list_or_comma_separated_and_carry_no_password(tmp_path, monkeypatch):
+    _clean(monkeypatch)
+    f = tmp_path / "dqoes.toml"
+    f.write_text('[control_plane]\ncluster_listen = "0.0.0.0:6222"\n'
+                 'routes = ["nats-route://host2:6222", "nats-route://host3:6222"]\n')
+    cfg = hostconfig.resolve(_parser("control_plane").parse_args(["--config", str(f)]), "control_plane")
+    assert cfg["routes"] == "nats-route://host2:6222,nats-route://host3:6222"
+    assert hostconfig.route_list(cfg["routes"], "x") == ["host2:6222", "host3:6222"]
+    for bad in ("nats://host2:6222", "nats-route://route:pw@host2:6222", "nats-route://host2"):
+        with pytest.raises(CliError, match=r"^--routes: .*not a route URL"):
+            hostconfig.resolve(_parser("control_plane").parse_args(["--config", str(f), "--routes", bad]),
+                               "control_plane")
+    monkeypatch.setenv("DQOES_CLUSTER_LISTEN", "6222")
+    with pytest.raises(CliError, match=r"^\$DQOES_CLUSTER_LISTEN: control_plane.cluster_listen: .*HOST:PORT"):
+        hostconfig.resolve(_parser("control_plane").parse_args([]), "control_plane")
