@@ -1,10 +1,12 @@
-"""Opening a NATS connection safely: credentials, inbox prefix, TLS that is really TLS.
+"""Opening and keeping a NATS connection: credentials, TLS that is really TLS, one line per event.
 
 Why: what a connection sends before anything else decides who may read it.
 The identity comes from `creds` or the URL (`shared.auth`), replies come to
 the identity's own inbox prefix, and a `tls://` URL never sends CONNECT in
 the clear, even when the server (or a squatter on its port) offers no TLS:
 nats-py upgrades only when the server asks, so the check is made here.
+Once connected, `Events` turns what nats-py reports into one line per
+disconnect and reconnect and keeps the cause of a failed connect.
 `shared.bus.core` uses these to build a `Bus`.
 """
 
@@ -12,13 +14,15 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import deque
 from typing import Any
 
 import nats.errors
 from nats.aio.client import Client as NatsClient
 
 from shared import auth
-from shared.bus.errors import BusError, TLSRequired
+from shared.bus.errors import BusError, TLSRequired, one_line
+from shared.ratelog import RateLimiter
 
 log = logging.getLogger("shared.bus")  # one logger for the whole bus: operators and tests filter on it
 
@@ -91,3 +95,60 @@ async def close_quietly(nc: NatsClient) -> None:
         await nc.close()
     except Exception as e:
         log.debug("closing NATS connection: %r", e)
+
+
+def server_of(nc: NatsClient) -> str | None:
+    """host:port of the server `nc` uses now (one of a cluster's), None while down."""
+    where = nc.connected_url if nc.is_connected else None
+    return f"{where.hostname}:{where.port}" if where is not None else None
+
+
+class Events:
+    """nats-py's callbacks for one connection: its log lines, its last error, the server's refusals."""
+
+    def __init__(self, nc: NatsClient, name: str, url: str, reconnect_wait_s: float,
+                 limiter: RateLimiter, log_every_s: float) -> None:
+        self.nc = nc
+        self.name = name
+        self.url = url
+        self.reconnect_wait_s = reconnect_wait_s
+        self.limiter = limiter
+        self.log_every_s = log_every_s
+        self.closing = False
+        """Set once the bus closes: what nats-py reports then is expected."""
+        self.last_error: BaseException | None = None
+        self.refused: BaseException | None = None
+        """The server's refusal (authorization) if one came while connecting: the cause of what follows."""
+        self.permission_violations: deque[str] = deque(maxlen=100)
+        """The server's refusals of this identity's publishes and subscriptions (newest last)."""
+
+    async def on_error(self, e: Exception) -> None:
+        self.last_error = e
+        if "authorization" in str(e).lower():
+            self.refused = e
+        if "permissions violation" in str(e).lower():
+            self.permission_violations.append(one_line(e))
+        if self.closing or not self.nc.is_connected or isinstance(e, CONNECTION_LOST):
+            # A lost connection is reported once, by the disconnect line.
+            log.debug("NATS error while (dis)connecting: %r", e)
+            return
+        count = self.limiter.hit(("nats-error", type(e).__name__))
+        if count is not None:
+            log.warning("NATS error (%d in the last %g s): %s", count, self.log_every_s, one_line(e))
+
+    async def on_disconnected(self) -> None:
+        if not self.closing:
+            why = f" ({one_line(self.last_error)})" if self.last_error else ""
+            log.warning(
+                "disconnected from NATS at %s%s; reconnecting every %g s",
+                self.url,
+                why,
+                self.reconnect_wait_s,
+            )
+
+    async def on_reconnected(self) -> None:
+        self.last_error = None
+        log.info("reconnected to NATS at %s (server %s)", self.url, server_of(self.nc))
+
+    async def on_closed(self) -> None:
+        log.debug("NATS connection of %s closed", self.name)

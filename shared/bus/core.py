@@ -24,7 +24,7 @@ import orjson
 from nats.aio.client import Client as NatsClient
 
 from shared import auth, schema
-from shared.bus.connection import CONNECTION_LOST, Client, close_quietly, credentials
+from shared.bus.connection import Client, Events, close_quietly, credentials, server_of
 from shared.bus.delivery import (
     INBOX_PREFIX,
     LOG_EVERY_S,
@@ -57,13 +57,10 @@ class Bus:
         self.reconnect_wait_s = reconnect_wait_s
         self._limiter = RateLimiter(LOG_EVERY_S)
         self._delivery = Delivery(self._limiter)
-        self._closing = False
+        self._events = Events(nc, name, url, reconnect_wait_s, self._limiter, LOG_EVERY_S)
         self._kv_watches: set[KVWatch] = set()
         self._pumps: set[asyncio.Task[None]] = set()
-        self._last_error: BaseException | None = None
-        self._refused: BaseException | None = None
-        """The server's refusal (authorization) if one came while connecting: the cause of what follows."""
-        self.permission_violations: deque[str] = deque(maxlen=100)
+        self.permission_violations: deque[str] = self._events.permission_violations
         """The server's refusals of this identity's publishes and subscriptions (newest last)."""
 
     @property
@@ -131,22 +128,22 @@ class Bus:
                     drain_timeout=drain_timeout_s,  # type: ignore[arg-type]
                     ping_interval=ping_interval_s,  # type: ignore[arg-type]
                     max_outstanding_pings=3,
-                    error_cb=bus._on_error,
-                    disconnected_cb=bus._on_disconnected,
-                    reconnected_cb=bus._on_reconnected,
-                    closed_cb=bus._on_closed,
+                    error_cb=bus._events.on_error,
+                    disconnected_cb=bus._events.on_disconnected,
+                    reconnected_cb=bus._events.on_reconnected,
+                    closed_cb=bus._events.on_closed,
                 ),
                 connect_timeout_s,
             )
         except TLSRequired as e:
-            bus._closing = True
+            bus._events.closing = True
             await close_quietly(nc)
             raise TLSRequired(f"cannot connect to NATS at {bus.url}: {e}") from None
         except (TimeoutError, OSError, nats.errors.Error) as e:
-            bus._closing = True
+            bus._events.closing = True
             await close_quietly(nc)
             # nats-py retries until the timeout; a refusal is the cause, a reset on a retry only its echo.
-            last = bus._refused or bus._last_error or e
+            last = bus._events.refused or bus._events.last_error or e
             raise BusError(
                 f"cannot connect to NATS at {bus.url} within {connect_timeout_s:g} s "
                 f"(last error: {one_line(last)})"
@@ -155,42 +152,10 @@ class Bus:
                  f" (identity {identity.identity})" if identity is not None else "")
         return bus
 
-    async def _on_error(self, e: Exception) -> None:
-        self._last_error = e
-        if "authorization" in str(e).lower():
-            self._refused = e
-        if "permissions violation" in str(e).lower():
-            self.permission_violations.append(one_line(e))
-        if self._closing or not self._nc.is_connected or isinstance(e, CONNECTION_LOST):
-            # A lost connection is reported once, by the disconnect line.
-            log.debug("NATS error while (dis)connecting: %r", e)
-            return
-        count = self._limiter.hit(("nats-error", type(e).__name__))
-        if count is not None:
-            log.warning("NATS error (%d in the last %g s): %s", count, LOG_EVERY_S, one_line(e))
-
-    async def _on_disconnected(self) -> None:
-        if not self._closing:
-            why = f" ({one_line(self._last_error)})" if self._last_error else ""
-            log.warning(
-                "disconnected from NATS at %s%s; reconnecting every %g s",
-                self.url,
-                why,
-                self.reconnect_wait_s,
-            )
-
-    async def _on_reconnected(self) -> None:
-        self._last_error = None
-        log.info("reconnected to NATS at %s (server %s)", self.url, self.server)
-
-    async def _on_closed(self) -> None:
-        log.debug("NATS connection of %s closed", self.name)
-
     @property
     def server(self) -> str | None:
         """host:port of the server this connection uses now (one of a cluster's), None while down."""
-        where = self._nc.connected_url if self._nc.is_connected else None
-        return f"{where.hostname}:{where.port}" if where is not None else None
+        return server_of(self._nc)
 
     @property
     def is_connected(self) -> bool:
@@ -390,7 +355,7 @@ class Bus:
 
     async def drain(self) -> None:
         """Finish: handle what subscriptions already received, flush publishes, close."""
-        self._closing = True
+        self._events.closing = True
         await self._stop_watches()
         self._delivery.report_pending()
         if self._nc.is_closed:
@@ -403,7 +368,7 @@ class Bus:
 
     async def close(self) -> None:
         """Close at once (pending publishes are flushed if connected, subscriptions dropped)."""
-        self._closing = True
+        self._events.closing = True
         await self._stop_watches()
         self._delivery.report_pending()
         await close_quietly(self._nc)
