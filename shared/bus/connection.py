@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 import nats.errors
@@ -103,24 +104,23 @@ def server_of(nc: NatsClient) -> str | None:
     return f"{where.hostname}:{where.port}" if where is not None else None
 
 
+@dataclass(eq=False)
 class Events:
     """nats-py's callbacks for one connection: its log lines, its last error, the server's refusals."""
 
-    def __init__(self, nc: NatsClient, name: str, url: str, reconnect_wait_s: float,
-                 limiter: RateLimiter, log_every_s: float) -> None:
-        self.nc = nc
-        self.name = name
-        self.url = url
-        self.reconnect_wait_s = reconnect_wait_s
-        self.limiter = limiter
-        self.log_every_s = log_every_s
-        self.closing = False
-        """Set once the bus closes: what nats-py reports then is expected."""
-        self.last_error: BaseException | None = None
-        self.refused: BaseException | None = None
-        """The server's refusal (authorization) if one came while connecting: the cause of what follows."""
-        self.permission_violations: deque[str] = deque(maxlen=100)
-        """The server's refusals of this identity's publishes and subscriptions (newest last)."""
+    nc: NatsClient
+    name: str
+    url: str
+    reconnect_wait_s: float
+    limiter: RateLimiter
+    log_every_s: float
+    closing: bool = False
+    """Set once the bus closes: what nats-py reports then is expected."""
+    last_error: BaseException | None = None
+    refused: BaseException | None = None
+    """The server's refusal (authorization) if one came while connecting: the cause of what follows."""
+    permission_violations: deque[str] = field(default_factory=lambda: deque(maxlen=100))
+    """The server's refusals of this identity's publishes and subscriptions (newest last)."""
 
     async def on_error(self, e: Exception) -> None:
         self.last_error = e

@@ -15,7 +15,8 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -135,44 +136,37 @@ class KV:
 
     async def put(self, key: str, value: bytes) -> int:
         """Store `value` under `key`; returns the new revision."""
-        try:
+        with self._write("put", key):
             return await self._store.put(key, bytes(value))
-        except nats.js.errors.InvalidKeyError:
-            raise ValueError(f"invalid key-value key {key!r}") from None
-        except (nats.errors.Error, TimeoutError) as e:
-            raise BusError(f"kv {self.bucket}: put {key!r} failed: {one_line(e)}") from None
 
     async def create(self, key: str, value: bytes) -> int:
         """Store `value` under `key` only if it has none; its revision. KVConflict if it has one."""
-        try:
+        with self._write("create", key, conflict=f"{key!r} exists"):
             return await self._store.create(key, bytes(value))
-        except nats.js.errors.KeyWrongLastSequenceError:
-            raise KVConflict(f"kv {self.bucket}: {key!r} exists") from None
-        except nats.js.errors.InvalidKeyError:
-            raise ValueError(f"invalid key-value key {key!r}") from None
-        except (nats.errors.Error, TimeoutError) as e:
-            raise BusError(f"kv {self.bucket}: create {key!r} failed: {one_line(e)}") from None
 
     async def update(self, key: str, value: bytes, last: int) -> int:
         """Store `value` under `key` only if its revision is still `last`; the new revision.
         KVConflict if another write came first."""
-        try:
+        with self._write("update", key, conflict=f"{key!r} changed since revision {last}"):
             return await self._store.update(key, bytes(value), last=last)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            raise KVConflict(f"kv {self.bucket}: {key!r} changed since revision {last}") from None
-        except nats.js.errors.InvalidKeyError:
-            raise ValueError(f"invalid key-value key {key!r}") from None
-        except (nats.errors.Error, TimeoutError) as e:
-            raise BusError(f"kv {self.bucket}: update {key!r} failed: {one_line(e)}") from None
 
     async def delete(self, key: str) -> None:
         """Delete `key` (a delete marker; watchers see an entry with value None)."""
-        try:
+        with self._write("delete", key):
             await self._store.delete(key)
+
+    @contextmanager
+    def _write(self, op: str, key: str, conflict: str | None = None) -> Iterator[None]:
+        """A write's NATS errors as one line: ValueError for a bad key, KVConflict (saying
+        `conflict`) when a compare-and-set lost, else BusError."""
+        try:
+            yield
         except nats.js.errors.InvalidKeyError:
             raise ValueError(f"invalid key-value key {key!r}") from None
         except (nats.errors.Error, TimeoutError) as e:
-            raise BusError(f"kv {self.bucket}: delete {key!r} failed: {one_line(e)}") from None
+            if conflict is not None and isinstance(e, nats.js.errors.KeyWrongLastSequenceError):
+                raise KVConflict(f"kv {self.bucket}: {conflict}") from None
+            raise BusError(f"kv {self.bucket}: {op} {key!r} failed: {one_line(e)}") from None
 
     async def keys(self) -> list[str]:
         """Every key with a value (deleted keys left out); [] for an empty bucket."""
