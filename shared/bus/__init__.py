@@ -32,11 +32,11 @@ Handlers run one at a time per subscription, in arrival order: keep them
 short or hand work to a task.
 
 Where each part lives: `core` (the `Bus`: connection, publish, subscribe,
-request/reply, shutdown), `connection` (credentials and the TLS check),
-`delivery` (what a received message becomes: drops, handler failures,
-reply-subject checks), `kv` (key-value buckets and watches), `errors` (the
-exceptions and their one-line wording). Import from `shared.bus`; all log
-under the one logger `shared.bus`.
+request/reply, shutdown), `connection` (credentials, the TLS check, the
+connection's log lines), `delivery` (what a received message becomes:
+drops, handler failures, reply-subject checks), `kv` (key-value buckets and
+watches), `errors` (the exceptions and their one-line wording). Import from
+`shared.bus`; all log under the one logger `shared.bus`.
 """
 
 from shared.bus.core import PENDING_BYTES_LIMIT as PENDING_BYTES_LIMIT
