@@ -5,7 +5,7 @@ back. Three servers clustered, with JetStream on each and the objectives
 bucket kept in three replicas (R3), lose nothing when any one of them goes:
 the other two still hold a quorum, the bucket's values and revisions are on
 both, and every service, given the list of all three URLs, reconnects to a
-survivor by itself (shared/bus.py).
+survivor by itself (shared/bus).
 
 Each server gets its own config file (written here, mode 0600: it holds the
 route password) that sets its name, the cluster and its routes, and includes

@@ -3,7 +3,7 @@
 Why: each rejected target request used to write one INFO line, so 5,000 bad
 requests wrote 5,018 lines (issue 11); anyone allowed to send requests could
 fill a disk. `RateLimiter` counts events per key and says when to write a
-line and how many events it stands for; the bus (shared/bus.py) writes its
+line and how many events it stands for; the bus (shared/bus) writes its
 own lines with it, and `RateLimitedLog.log(key, msg, *args)` writes the first
 line at once, then at most one line per `interval_s` per key, saying how many
 were not written ("... (37 more since the last line)"); `flush()` writes what

@@ -292,13 +292,18 @@ async def test_kv_put_get_delete_keys_and_watch(nats_url):
 async def test_kv_create_and_update_are_compare_and_set(nats_url):
     bus = await Bus.connect(nats_url, "kv-cas")
     try:
-        kv = await bus.kv(unique("cas").replace("-", "_"))
+        bucket = unique("cas").replace("-", "_")
+        kv = await bus.kv(bucket)
         rev = await kv.create("lease", b"a")
-        with pytest.raises(KVConflict):
+        with pytest.raises(KVConflict) as exists:
             await kv.create("lease", b"b")
+        assert str(exists.value) == f"kv {bucket}: 'lease' exists"
         rev2 = await kv.update("lease", b"a2", last=rev)
-        with pytest.raises(KVConflict):
+        with pytest.raises(KVConflict) as stale:
             await kv.update("lease", b"stale", last=rev)
+        assert str(stale.value) == f"kv {bucket}: 'lease' changed since revision {rev}"
+        with pytest.raises(ValueError, match="invalid key-value key 'a b'"):
+            await kv.update("a b", b"x", last=rev)
         assert await kv.get("lease") == b"a2" and rev2 > rev
         await kv.delete("lease")
         assert await kv.create("lease", b"c") > rev2  # a deleted key may be created again
