@@ -236,7 +236,7 @@ def solve(curves: Mapping[str, Curve], views: Sequence[ContainerView], cores: fl
     if budget > 1e-9:
         budget, held = one_more_chance(curves, views, plans, best_effort, best_limit, cores, budget, limits,
                                        chances_before)
-    _share_best_effort(curves, plans, best_effort, cores, budget, fair_share(limits, n), low)
+    _share_best_effort(curves, plans, best_effort, cores, budget, fair_share(limits, n), low, cap)
     return Solution(plans, set(chosen), held)
 
 
@@ -261,13 +261,16 @@ def _place_learning(plans: dict[str, Plan], learning: Sequence[ContainerView], v
 
 
 def _share_best_effort(curves: Mapping[str, Curve], plans: dict[str, Plan], best_effort: Sequence[str],
-                       cores: float, budget: float, limit_each: float, low: Mapping[str, float]) -> None:
+                       cores: float, budget: float, limit_each: float, low: Mapping[str, float],
+                       cap: float) -> None:
     """An equal part of what is left to each container that cannot be met, up to its fair share (and a
-    little past a ceiling it showed); a share short of a whole core above one adds no thread."""
+    little past a ceiling it showed); a share short of a whole core above one adds no thread. A request
+    server may take up to the cap: it uses only what its requests cost whatever its limit, so what is
+    left shortens its queue and spends nothing more."""
     want = {}
     for name in best_effort:
         curve, floor = curves[name], low[name]
-        top = max(floor, limit_each)
+        top = max(floor, cap if curve.load.cores else limit_each)
         if curve.sat_cores is not None:
             # Up to its ceiling and a little past it: a ceiling seen once may have been a
             # slow spell, and a container held at it could never show that it is not.
