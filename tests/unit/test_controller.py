@@ -198,3 +198,19 @@ def test_a_batch_is_stamped_when_it_finished_unless_the_clocks_disagree():
     assert finished_on_clock(100.0, 0.25, scale=10.0) == 97.5  # a simulated clock ten times wall time
     for lag_s in (None, 0.0, -0.5, READ_LAG_MAX_S + 1, math.nan, math.inf):
         assert finished_on_clock(100.0, lag_s) == 100.0
+
+
+def test_a_window_is_clean_only_when_the_whole_window_ran_under_one_limit():
+    """A polled window's percentile sums up `span_s` seconds: one that began before the limit
+    changed mixes two limits, however short its requests; its rate rides into the view."""
+    c = NodeController("n", 2.0, DefaultPolicy())
+    c.add("s", 0.0, objective_s=0.1, limit=0.5)
+    c.set_limit("s", 0.5)
+    c.containers["s"].limit_since_s = 100.0
+    assert c.record_latency("s", 0.05, 105.0, span_s=10.0, rate_per_s=12.5)
+    assert c.record_latency("s", 0.05, 112.0, span_s=10.0, rate_per_s=13.0)
+    assert c.record_latency("s", 0.05, 106.0)  # a batch of 50 ms: clean
+    assert [b.clean for b in c.containers["s"].recent] == [False, True, True]
+    assert [b.span_s for b in c.containers["s"].recent] == [10.0, 10.0, None]
+    view = c.view(113.0, {})
+    assert view.containers[0].request_rate_per_s == 13.0
