@@ -234,6 +234,7 @@ class Bus:
         """
         try:
             server_url, named = auth.split_url(url)
+            tls = auth.tls_context(server_url)  # `?ca=PATH`: verified against that CA only
         except auth.AuthError as e:
             raise BusError(f"cannot connect to NATS at {auth.redact(url)}: {e}") from None
         source = creds or named
@@ -247,6 +248,8 @@ class Bus:
             key_options = {"nkeys_seed_str": identity.seed, "inbox_prefix": identity.inbox_prefix}
         elif inbox_prefix is not None:
             key_options = {"inbox_prefix": inbox_prefix}
+        if tls is not None:
+            key_options["tls"] = tls
         nc = _Client()
         bus = cls(nc, name, auth.redact(server_url), reconnect_wait_s)
         try:
