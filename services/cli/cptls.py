@@ -244,8 +244,8 @@ def _generate(d: Path, entries: list[str]) -> tuple[Path, Path, Path]:
     run("x509", "-req", "-in", "server.csr", "-CA", ca.name, "-CAkey", ca_key.name, "-set_serial",
         str(int.from_bytes(os.urandom(8), "big")), "-out", "server.pem", "-days", str(SERVER_DAYS),
         "-extfile", "server.ext")
-    for f in ("server.csr", "server.ext"):
-        (d / f).unlink(missing_ok=True)
-    for f in (ca, ca_key, d / "server.pem", d / "server.key"):
-        f.chmod(0o600)
+    for name in ("server.csr", "server.ext"):
+        (d / name).unlink(missing_ok=True)
+    for path in (ca, ca_key, d / "server.pem", d / "server.key"):
+        path.chmod(0o600)
     return d / "server.pem", d / "server.key", ca
