@@ -11,12 +11,15 @@ takes one role, or both:
   revoke` sends it). With `routes` (and `cluster_listen`) the host is one
   member of a control plane on several hosts: its nats-server joins the
   others' cluster, the join registry is replicated and the manager runs on
-  the member holding the lease (services/cli/cpcluster.py).
+  the member holding the lease (services/cli/cpcluster.py). Listening
+  beyond loopback it takes clients over TLS only, and its join tokens pin
+  its CA (services/cli/cptls.py says why that is the default).
 - node: this host's worker, with the credentials it made when it joined
   (`dqoes join`), on any runtime (docker: only the containers with the
   project's label on this host's engine), connected to the control plane's
-  NATS URL or list of URLs (one per server of a cluster). Stopping the role
-  (`systemctl stop` or `restart`) keeps the containers' limits by default
+  NATS URL or list of URLs (one per server of a cluster), over TLS verified
+  against the CA its token pinned when the control plane serves TLS.
+  Stopping the role (`systemctl stop` or `restart`) keeps the containers' limits by default
   (`on_stop = "keep"`): a restarted worker adopts the limits it finds, so a
   rolling restart for an upgrade changes no limit; `on_stop = "restore"`
   gives the containers back the limits they had before.
