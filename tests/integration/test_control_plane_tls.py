@@ -198,6 +198,25 @@ def test_a_token_pinning_another_ca_is_refused_before_anything_is_sent_or_writte
     assert ok.returncode == 0, ok.stderr
 
 
+def test_serve_node_joins_with_a_pinned_token_on_its_first_start(control_plane, tmp_path):
+    """`dqoes serve node --join-token` (the unit's path, a Docker secret's) checks the pin as `dqoes join` does."""
+    role, port = control_plane
+    dqoes("node", "revoke", NODE, state=role.state)  # the scenario's node, joined by another test of the module
+    node_state = tmp_path / "node-host"
+    node = serve(node_state, tmp_path / "node.out", "node", "--control-plane", f"nats://127.0.0.1:{port}",
+                 "--join-token", token(role), "--name", NODE, *SCENARIO)
+    try:
+        node.wait_for(f"node {NODE}: joined tls://127.0.0.1:{port}", timeout_s=30)  # nats:// taken as tls://
+        log = node_state / "node" / f"worker-{NODE}.log"
+        deadline = time.monotonic() + 30
+        while "connected to NATS at tls://127.0.0.1" not in (log.read_text() if log.exists() else ""):
+            assert time.monotonic() < deadline, node.text()
+            time.sleep(0.1)
+        assert (node_state / "node" / "ca.pem").read_text() == ca_file(role).read_text()
+    finally:
+        node.stop()
+
+
 def test_a_control_plane_on_loopback_stays_plain_and_its_tokens_pin_nothing(tmp_path):
     port = free_port()
     role = serve(tmp_path, tmp_path / "cp.out", "control-plane", "--listen", "127.0.0.1", "--port", str(port))
