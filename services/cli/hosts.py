@@ -243,6 +243,19 @@ async def _verify(url: str, creds: auth.Credentials, timeout_s: float) -> None:
         return
 
 
+def _why(error: str, pinned: bool) -> str:
+    """What to do about a join whose connection failed, from its error."""
+    if "CERTIFICATE_VERIFY_FAILED" not in error:
+        return "is the control plane running there, with accept_joins on?"
+    if not pinned:
+        return ("the control plane serves TLS with a CA this host does not trust, and the token pins none: make a "
+                "new token there, `dqoes join-token create` pins its CA")
+    if "mismatch" in error:
+        return ("the control plane's certificate does not name the host or address this node reached it by: add "
+                "it to tls_names there and restart the role")
+    return "the control plane's certificate is not signed by the CA the token pinned"
+
+
 def join(root: Path, url: str, token: str, node: str, timeout_s: float = 10.0,
          ca_pem: str | None = None) -> dict[str, Any]:
     """Join the control plane at `url` as `node`: keys made here, public halves sent with the token's
@@ -269,7 +282,7 @@ def join(root: Path, url: str, token: str, node: str, timeout_s: float = 10.0,
     try:
         reply = asyncio.run(_ask(plain, joining.encode_request(request), timeout_s))
     except BusError as e:
-        raise CliError(f"join: {e} (is the control plane running there, with accept_joins on?)") from None
+        raise CliError(f"join: {e} ({_why(str(e), ca_pem is not None)})") from None
     try:
         answer = json.loads(reply)
     except ValueError:

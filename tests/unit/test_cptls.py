@@ -92,3 +92,14 @@ def test_a_url_carries_its_ca_through_credentials_and_logs_leave_it_out(tmp_path
 def test_a_digest_is_of_the_first_certificate_of_a_pem_text():
     with pytest.raises(tlspin.PinError):
         tlspin.pem_digest("no certificate here")
+
+
+def test_a_failed_join_says_what_to_do_about_its_certificate():
+    from services.cli import hosts
+
+    verify = "SSLCertVerificationError: [SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed: "
+    assert "accept_joins" in hosts._why("connection refused", pinned=True)
+    assert "pins none" in hosts._why(verify + "self-signed certificate in certificate chain", pinned=False)
+    assert "tls_names" in hosts._why(verify + "IP address mismatch, certificate is not valid for '10.0.0.9'",
+                                     pinned=True)
+    assert "not signed by the CA" in hosts._why(verify + "unable to get local issuer certificate", pinned=True)
