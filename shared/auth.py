@@ -35,7 +35,8 @@ private CA, pinned by `dqoes join`); the bus builds its TLS context from it
 writes the new identities and the new config (then reload the server);
 rotating: `ensure(dir, rotate=True)`.
 
-Pure apart from reading and writing files in the given directory: no NATS
+Pure apart from reading and writing files in the given directory (and
+silencing asyncio's TLS end-of-file warning, `tls_context`): no NATS
 here (the bus is the only NATS client). Standard library only, keys included
 (`shared/nkey.py`): `python3 -m shared.auth init` runs on a bare host.
 """
