@@ -28,11 +28,15 @@ written without following links: shared/authfiles.py): `<identity>.creds` (JSON:
 inbox_prefix) for each, and `nats-server.conf`, the server's `authorization`
 block (public keys only). A process reads its file (`--creds FILE`,
 `$DQOES_NATS_CREDS`); URLs carry only the file's path (`with_credentials`,
-`?creds=PATH`), never the seed. Adding a node: `ensure(dir, nodes=[...])`
+`?creds=PATH`), never the seed. A `tls://` URL may name the CA its server's
+certificate is verified against (`with_tls_ca`, `?ca=PATH`: a control plane's
+private CA, pinned by `dqoes join`); the bus builds its TLS context from it
+(`tls_context`). Adding a node: `ensure(dir, nodes=[...])`
 writes the new identities and the new config (then reload the server);
 rotating: `ensure(dir, rotate=True)`.
 
-Pure apart from reading and writing files in the given directory: no NATS
+Pure apart from reading and writing files in the given directory (and
+silencing asyncio's TLS end-of-file warning, `tls_context`): no NATS
 here (the bus is the only NATS client). Standard library only, keys included
 (`shared/nkey.py`): `python3 -m shared.auth init` runs on a bare host.
 """
@@ -40,7 +44,9 @@ here (the bus is the only NATS client). Standard library only, keys included
 from __future__ import annotations
 
 import json
+import logging
 import os
+import ssl
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +69,8 @@ PER_NODE = ("worker", "inference")
 INBOX_ROOT = "_INBOX"
 """Every inbox is under it; responders may publish there and nowhere else for replies."""
 CREDS_QUERY = "creds"
+CA_QUERY = "ca"
+"""`tls://HOST:PORT?ca=PATH`: the CA file (PEM) the server's certificate must chain to."""
 """The URL query parameter naming a credentials file (`nats://host:4222?creds=/path/client.creds`)."""
 
 
@@ -471,12 +479,74 @@ def with_credentials(url: str, creds: Credentials | str | os.PathLike[str] | Non
     path = creds.path if isinstance(creds, Credentials) else Path(creds)
     if path is None:
         raise AuthError(f"credentials of {getattr(creds, 'identity', '?')} were not read from a file")
-    query = urlencode([(CREDS_QUERY, str(Path(path).resolve()))], quote_via=quote, safe="/")
     out = []
     for one in server_list(url):
-        parts = urlsplit(_split_one(one)[0])
+        server, _ = _split_one(one)
+        parts = urlsplit(server)
+        params = [(CREDS_QUERY, str(Path(path).resolve()))] + [
+            (k, v) for k, v in parse_qsl(parts.query) if k == CA_QUERY]  # the CA stays: it is how to connect
+        query = urlencode(params, quote_via=quote, safe="/")
         out.append(urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment)))
     return ",".join(out)
+
+
+def with_tls_ca(url: str, ca_file: str | os.PathLike[str]) -> str:
+    """`url` (each of a list) as `tls://` naming `ca_file` (`?ca=PATH`), the CA its server's
+    certificate must chain to; its credentials file, if it names one, kept."""
+    out = []
+    for one in server_list(url):
+        parts = urlsplit(one)
+        params = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != CA_QUERY]
+        query = urlencode([*params, (CA_QUERY, str(Path(ca_file).resolve()))], quote_via=quote, safe="/")
+        out.append(urlunsplit(("tls", parts.netloc, parts.path, query, parts.fragment)))
+    return ",".join(out)
+
+
+def without_tls_ca(url: str) -> str:
+    """`url` (each of a list) without the CA file it names."""
+    out = []
+    for one in server_list(url):
+        parts = urlsplit(one)
+        query = urlencode([(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True) if k != CA_QUERY],
+                          quote_via=quote, safe="/")
+        out.append(urlunsplit((parts.scheme, parts.netloc, parts.path, query, parts.fragment)))
+    return ",".join(out)
+
+
+def tls_ca_of(url: str) -> str | None:
+    """The CA file a URL (or each URL of a list) names, None if none; AuthError if they differ."""
+    named = {v for one in server_list(url) for k, v in parse_qsl(urlsplit(one).query) if k == CA_QUERY}
+    if len(named) > 1:
+        raise AuthError("the URLs of one connection name different CA files")
+    return next(iter(named), None)
+
+
+def _quiet_tls_eof() -> None:
+    """Drop asyncio's warning "returning true from eof_received() has no effect when using ssl": a
+    NATS connection upgraded to TLS logs it at every close (nats-py's stream protocol), which says
+    nothing about the connection."""
+    logger = logging.getLogger("asyncio")
+    if not any(isinstance(f, _TlsEofFilter) for f in logger.filters):
+        logger.addFilter(_TlsEofFilter())
+
+
+class _TlsEofFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def tls_context(url: str) -> ssl.SSLContext | None:
+    """The TLS context for a URL that names a CA file: the server's certificate must chain to that
+    CA and name the host; None without one (a `tls://` URL then trusts the system's CAs).
+    AuthError (one line) for a CA file that cannot be read."""
+    ca = tls_ca_of(url)
+    if ca is None:
+        return None
+    _quiet_tls_eof()
+    try:
+        return ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as e:
+        raise AuthError(f"CA file {ca}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _split_one(url: str) -> tuple[str, str | None]:
@@ -510,14 +580,14 @@ def user_of(url: str) -> str | None:
 
 def redact(url: str) -> str:
     """The URL as logs and records show it: the server only (a password in it, never DQoES's own,
-    becomes ***; a credentials file it names is left out: a local path, of no use elsewhere).
+    becomes ***; a credentials or CA file it names is left out: a local path, of no use elsewhere).
     A list stays a comma-separated list."""
     return ",".join(_redact_one(u) for u in server_list(url))
 
 
 def _redact_one(url: str) -> str:
     try:
-        server = _split_one(url)[0]
+        server = without_tls_ca(_split_one(url)[0])  # a local path, as the credentials file
         parts = urlsplit(server)
     except ValueError:
         return "<unparseable URL>"

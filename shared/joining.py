@@ -7,7 +7,11 @@ worker and inference nkeys, shared/auth.py) and only their public halves
 leave it; the control plane admits them on the strength of a join token it
 issued (`dqoes join-token create`, like `docker swarm join-token`).
 
-A token is `DQJ1-<id>-<secret>`. The secret never travels: the node sends
+A token is `DQJ1-<id>-<secret>`, or `DQJ2-<digest>-<id>-<secret>` when the
+control plane serves TLS: `<digest>` is the SHA-256 (hex) of its CA
+certificate, which the node checks before it sends anything and then trusts
+alone (shared/tlspin.py), as `docker swarm join` does with its token's CA
+digest. The secret never travels: the node sends
 the token's id, its node name, its two public keys and an HMAC-SHA256 of
 those with the secret as key (`proof`). The control plane recomputes it and
 compares in constant time (`hmac.compare_digest`). A request read off the
@@ -49,6 +53,8 @@ from typing import Any
 from shared import authfiles, subjects
 
 TOKEN_PREFIX = "DQJ1"
+PINNED_PREFIX = "DQJ2"
+"""A token that also pins the control plane's CA by its SHA-256."""
 TOKENS_NAME = "tokens.json"
 NODES_NAME = "nodes.json"
 LOCK_NAME = "join.lock"
@@ -81,12 +87,36 @@ class JoinedNode:
     token_id: str
 
 
+def _is_digest(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
 def parse_token(token: str) -> tuple[str, str]:
-    """(id, secret) of `DQJ1-<id>-<secret>`; JoinError for anything else."""
-    parts = token.strip().split("-", 2)
+    """(id, secret) of `DQJ1-<id>-<secret>` or `DQJ2-<digest>-<id>-<secret>`; JoinError for anything else."""
+    text = token.strip()
+    if text.startswith(PINNED_PREFIX + "-"):
+        head, _, rest = text[len(PINNED_PREFIX) + 1:].partition("-")
+        text = f"{TOKEN_PREFIX}-{rest}" if _is_digest(head) else ""
+    parts = text.split("-", 2)
     if len(parts) != 3 or parts[0] != TOKEN_PREFIX or not parts[1].isalnum() or len(parts[2]) < 16:
-        raise JoinError(f"not a join token (expected {TOKEN_PREFIX}-<id>-<secret>, from `dqoes join-token create`)")
+        raise JoinError(f"not a join token (expected {TOKEN_PREFIX}-<id>-<secret> or {PINNED_PREFIX}-<CA digest>-"
+                        "<id>-<secret>, from `dqoes join-token create`)")
     return parts[1], parts[2]
+
+
+def token_pin(token: str) -> str | None:
+    """The CA digest a `DQJ2` token pins, None for a `DQJ1` token; JoinError for a malformed one."""
+    parse_token(token)
+    text = token.strip()
+    return text.split("-", 2)[1] if text.startswith(PINNED_PREFIX + "-") else None
+
+
+def pin_token(token: str, ca_digest: str) -> str:
+    """`DQJ1-<id>-<secret>` as `DQJ2-<ca_digest>-<id>-<secret>`."""
+    token_id, secret = parse_token(token)
+    if not _is_digest(ca_digest):
+        raise JoinError(f"not a SHA-256 digest: {ca_digest!r}")
+    return f"{PINNED_PREFIX}-{ca_digest}-{token_id}-{secret}"
 
 
 def _message(node: str, worker_nkey: str, inference_nkey: str) -> bytes:

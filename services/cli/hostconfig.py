@@ -62,6 +62,19 @@ SETTINGS: tuple[Setting, ...] = (
             "the NATS URL nodes are told to join (default nats://<listen>:<port>)"),
     Setting("control_plane", "accept_joins", bool, "DQOES_ACCEPT_JOINS", True,
             "answer join requests (anonymous connections may then publish a join request, nothing else)"),
+    Setting("control_plane", "tls", bool, "DQOES_TLS", None,
+            "clients (nodes, the control plane's own services) connect over TLS only, and join tokens pin its CA "
+            "(default: on when listen is not a loopback address; docs/guide/security.md)"),
+    Setting("control_plane", "tls_cert", str, "DQOES_TLS_CERT", None,
+            "the server certificate for clients (PEM), naming every address nodes use; with tls_key and tls_ca "
+            "(default with TLS on: a certificate signed by a private CA made in the state directory)"),
+    Setting("control_plane", "tls_key", str, "DQOES_TLS_KEY", None,
+            "the private key of tls_cert (PEM, private to this user)"),
+    Setting("control_plane", "tls_ca", str, "DQOES_TLS_CA", None,
+            "the CA (PEM) tls_cert is signed by: join tokens carry its SHA-256 and nodes trust only it"),
+    Setting("control_plane", "tls_names", str, "DQOES_TLS_NAMES", None,
+            "more host names or addresses for the generated certificate, comma-separated (it always names "
+            "127.0.0.1, localhost, this host's names and addresses, the listen and advertise hosts)"),
     Setting("control_plane", "cluster_listen", str, "DQOES_CLUSTER_LISTEN", None,
             "HOST:PORT this member's NATS cluster routes listen on (with routes: one member of a control plane "
             "on several hosts, docs/guide/three-hosts.md)"),

@@ -34,15 +34,18 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
+from urllib.parse import urlsplit
 
 from services.cli import deployments
 from services.cli.common import CliError
-from shared import auth, authfiles, joining, subjects
+from shared import auth, authfiles, joining, subjects, tlspin
 from shared.bus import Bus, BusError, Incoming
 
 CONTROL_PLANE = "control-plane"
 NODE = "node"
 NODE_RECORD = "node.json"
+TLS_CA_NAME = "ca.pem"
+"""In the node's directory: the control plane's CA its join token pinned (shared/tlspin.py)."""
 REGISTRARS = "registrars"
 """The queue group of the registrars (one answers each join request)."""
 
@@ -181,15 +184,40 @@ class Registrar:
 
 
 def read_record(root: Path) -> dict[str, Any] | None:
-    """What `dqoes join` recorded: {"node", "control_plane"}; None before a join."""
+    """What `dqoes join` recorded: {"node", "control_plane", "tls_ca"} (tls_ca: the CA file pinned by
+    the token, None for a control plane without TLS); None before a join."""
     p = root / NODE_RECORD
     if not p.exists():
         return None
     try:
         obj = json.loads(p.read_text())
-        return {"node": str(obj["node"]), "control_plane": str(obj["control_plane"])}
-    except (OSError, ValueError, KeyError, TypeError):
+        ca = obj.get("tls_ca")
+        return {"node": str(obj["node"]), "control_plane": str(obj["control_plane"]),
+                "tls_ca": str(ca) if ca else None}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         raise CliError(f"{p}: unreadable; remove it and join again") from None
+
+
+def pinned_ca(url: str, token: str, timeout_s: float = 10.0) -> str | None:
+    """The CA (PEM) a `DQJ2` token pins, as the control plane at `url` shows it (shared/tlspin.py);
+    None for a token that pins none. CliError (one line) when no server of `url` shows it: a server
+    that shows another CA is refused at once, one that cannot be reached lets the next be tried."""
+    try:
+        pin = joining.token_pin(token)
+    except joining.JoinError as e:
+        raise CliError(str(e)) from None
+    if pin is None:
+        return None
+    last: tlspin.PinError | None = None
+    for one in auth.server_list(auth.split_url(url)[0]):
+        parts = urlsplit(one)
+        try:
+            return tlspin.pinned_ca(parts.hostname or "", parts.port or 4222, pin, timeout_s=min(timeout_s, 5.0))
+        except tlspin.Mismatch as e:
+            raise CliError(f"join refused: {e}") from None
+        except tlspin.PinError as e:
+            last = e
+    raise CliError(f"join: {last}")
 
 
 async def _ask(url: str, data: bytes, timeout_s: float) -> bytes:
@@ -215,10 +243,27 @@ async def _verify(url: str, creds: auth.Credentials, timeout_s: float) -> None:
         return
 
 
-def join(root: Path, url: str, token: str, node: str, timeout_s: float = 10.0) -> dict[str, Any]:
+def _why(error: str, pinned: bool) -> str:
+    """What to do about a join whose connection failed, from its error."""
+    if "CERTIFICATE_VERIFY_FAILED" not in error:
+        return "is the control plane running there, with accept_joins on?"
+    if not pinned:
+        return ("the control plane serves TLS with a CA this host does not trust, and the token pins none: make a "
+                "new token there, `dqoes join-token create` pins its CA")
+    if "mismatch" in error:
+        return ("the control plane's certificate does not name the host or address this node reached it by: add "
+                "it to tls_names there and restart the role")
+    return "the control plane's certificate is not signed by the CA the token pinned"
+
+
+def join(root: Path, url: str, token: str, node: str, timeout_s: float = 10.0,
+         ca_pem: str | None = None) -> dict[str, Any]:
     """Join the control plane at `url` as `node`: keys made here, public halves sent with the token's
     proof, the record written once the control plane admitted them and the worker identity connects.
-    CliError (one line) when refused."""
+    A token that pins a CA: `ca_pem` (`pinned_ca`, checked now when not given) is kept beside the keys
+    and every connection is TLS verified against it. CliError (one line) when refused."""
+    if ca_pem is None:
+        ca_pem = pinned_ca(url, token, timeout_s)
     try:
         node = subjects.validate_id(node, "node")
         worker, inference = auth.ensure_node_keys(auth_dir(root), node)
@@ -226,10 +271,18 @@ def join(root: Path, url: str, token: str, node: str, timeout_s: float = 10.0) -
     except (ValueError, auth.AuthError) as e:
         raise CliError(str(e)) from None
     plain = auth.split_url(url)[0]
+    ca_file = None
+    if ca_pem is not None:
+        ca_file = root / TLS_CA_NAME
+        try:
+            authfiles.write_private(ca_file, ca_pem)
+        except authfiles.UnsafePathError as e:
+            raise CliError(str(e)) from None
+        plain = auth.with_tls_ca(plain, ca_file)
     try:
         reply = asyncio.run(_ask(plain, joining.encode_request(request), timeout_s))
     except BusError as e:
-        raise CliError(f"join: {e} (is the control plane running there, with accept_joins on?)") from None
+        raise CliError(f"join: {e} ({_why(str(e), ca_pem is not None)})") from None
     try:
         answer = json.loads(reply)
     except ValueError:
@@ -243,9 +296,10 @@ def join(root: Path, url: str, token: str, node: str, timeout_s: float = 10.0) -
     servers = answer.get("servers")
     if isinstance(servers, list) and servers and all(isinstance(s, str) for s in servers):
         # A control plane of several members: the node keeps every member's URL, the one it asked first.
-        given = auth.server_list(plain)
+        given = auth.server_list(auth.without_tls_ca(plain))
         plain = ",".join(given + [s for s in servers if s not in given])
-    record = {"node": node, "control_plane": plain}
+    record = {"node": node, "control_plane": auth.without_tls_ca(plain),
+              "tls_ca": str(ca_file) if ca_file is not None else None}
     try:
         authfiles.write_private(root / NODE_RECORD, json.dumps(record) + "\n")
     except authfiles.UnsafePathError as e:

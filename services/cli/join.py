@@ -7,7 +7,9 @@ proof; services/cli/hosts.py the exchange). On the control plane's host:
 `revoke`), `dqoes node list` the joined nodes and `dqoes node revoke NAME`
 removes a node's identities and has the running control plane reload its
 server (its connections are closed, new ones refused). On the node:
-`dqoes join URL --token TOKEN`, then `dqoes serve node`. On a member of a
+`dqoes join URL --token TOKEN`, then `dqoes serve node`. A control plane
+serving TLS makes tokens that pin its CA (services/cli/cptls.py); `dqoes join`
+then checks the CA the server shows before it writes or sends anything. On a member of a
 control plane spread over hosts the same commands change the replicated
 registry through the member running here, and every member applies the
 change (services/cli/cpcluster.py).
@@ -19,7 +21,7 @@ import argparse
 import time
 from typing import Any
 
-from services.cli import cpcluster, hostconfig, hosts
+from services.cli import cpcluster, cptls, hostconfig, hosts
 from services.cli.common import CliError, emit_json
 from shared import authfiles, joining
 
@@ -69,6 +71,9 @@ def cmd_token(args: argparse.Namespace) -> int:
         if args.uses < 1:
             raise CliError("--uses must be at least 1")
         token_id, token = _registry_op(root, joining.create_token, joining.new_token, now, ttl_s, args.uses)
+        digest = cptls.pinned_digest(root)
+        if digest is not None:  # the control plane serves TLS: the token pins its CA (services/cli/cptls.py)
+            token = _joining(joining.pin_token, token, digest)
         if args.json:
             emit_json({"id": token_id, "token": token, "expires_at": now + ttl_s, "uses": args.uses})
         elif args.quiet:
@@ -131,6 +136,9 @@ def cmd_node(args: argparse.Namespace) -> int:
 def cmd_join(args: argparse.Namespace) -> int:
     cfg = hostconfig.resolve(args, "node")
     root = hosts.role_dir(cfg, hosts.NODE)
+    urls = hostconfig.nats_urls(args.url, "dqoes join")
+    # A token that pins a CA: the server must show that CA before anything is written or sent.
+    ca_pem = hosts.pinned_ca(urls, args.token)
     try:
         root = authfiles.secure_dir(root)
     except authfiles.UnsafePathError as e:
@@ -140,7 +148,7 @@ def cmd_join(args: argparse.Namespace) -> int:
     if record is not None and record["node"] != name:
         raise CliError(f"this host joined {record['control_plane']} as {record['node']} already "
                        f"(remove {root / hosts.NODE_RECORD} to join anew)")
-    record = hosts.join(root, hostconfig.nats_urls(args.url, "dqoes join"), args.token, name)
+    record = hosts.join(root, urls, args.token, name, ca_pem=ca_pem)
     if args.json:
         emit_json({**record, "state_dir": str(root)})
     else:

@@ -11,12 +11,15 @@ takes one role, or both:
   revoke` sends it). With `routes` (and `cluster_listen`) the host is one
   member of a control plane on several hosts: its nats-server joins the
   others' cluster, the join registry is replicated and the manager runs on
-  the member holding the lease (services/cli/cpcluster.py).
+  the member holding the lease (services/cli/cpcluster.py). Listening
+  beyond loopback it takes clients over TLS only, and its join tokens pin
+  its CA (services/cli/cptls.py says why that is the default).
 - node: this host's worker, with the credentials it made when it joined
   (`dqoes join`), on any runtime (docker: only the containers with the
   project's label on this host's engine), connected to the control plane's
-  NATS URL or list of URLs (one per server of a cluster). Stopping the role
-  (`systemctl stop` or `restart`) keeps the containers' limits by default
+  NATS URL or list of URLs (one per server of a cluster), over TLS verified
+  against the CA its token pinned when the control plane serves TLS.
+  Stopping the role (`systemctl stop` or `restart`) keeps the containers' limits by default
   (`on_stop = "keep"`): a restarted worker adopts the limits it finds, so a
   rolling restart for an upgrade changes no limit; `on_stop = "restore"`
   gives the containers back the limits they had before.
@@ -39,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from services.cli import cpcluster, deployments, hostconfig, hosts
+from services.cli import cpcluster, cptls, deployments, hostconfig, hosts
 from services.cli.common import CliError, set_on_signals, signals_as_flag
 from services.cli.stack import Stack, StackSpec
 from shared import auth, authfiles
@@ -100,8 +103,14 @@ def cmd_control_plane(args: argparse.Namespace) -> int:
     except auth.AuthError as e:
         raise CliError(str(e)) from None
     hosts.write_authorization(root, cfg["accept_joins"])
+    base = auth.config_path(hosts.auth_dir(root))
     if clustered:  # one member of several (services/cli/cpcluster.py)
-        stack.spec.nats_config = str(cpcluster.write_member_config(root, cfg))
+        base = cpcluster.write_member_config(root, cfg)
+        stack.spec.nats_config = str(base)
+    tls = cptls.setup(root, cfg)
+    if tls is not None:  # clients over TLS only, the CA pinned by join tokens (services/cli/cptls.py)
+        stack.spec.nats_config = str(cptls.write_config(root, base, tls))
+        stack.spec.client_tls_ca = str(tls.ca)
     with signals_as_flag() as early:
         try:
             try:
@@ -112,11 +121,15 @@ def cmd_control_plane(args: argparse.Namespace) -> int:
                 stack.start_manager()  # a member of several starts it when it holds the lease
             assert stack.front is not None
             host = socket.gethostname() if cfg["listen"] in ("0.0.0.0", "") else cfg["listen"]
-            advertise = cfg["advertise"] or f"nats://{host}:{stack.front.port}"
+            advertise = cfg["advertise"] or f"{'tls' if tls else 'nats'}://{host}:{stack.front.port}"
             deployments.write_pointer(root, [{"name": hosts.CONTROL_PLANE, "nats_url": stack.plain_url,
                                               "run_dir": str(root), "auth_dir": str(stack.auth_dir)}])
             cpcluster.write_cluster_file(root, stack.plain_url if clustered else None)
             _say(f"control plane: NATS {stack.plain_url} (nodes join {advertise}), state {root}")
+            if tls is not None:
+                _say(f"  clients over TLS only; CA {tls.ca} (SHA-256 {tls.digest}), pinned by the join tokens")
+            elif cfg["tls"] is False and cptls.enabled({**cfg, "tls": None}):
+                _say("  TLS is off (tls = false): NATS traffic to and from other hosts travels in clear")
             if clustered:
                 _say(f"  member {cpcluster.server_name(cfg)} of a NATS cluster: routes on {cfg['cluster_listen']} "
                      f"to {cfg['routes']}")
@@ -243,6 +256,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         if cfg["name"] and cfg["name"] != node:
             raise CliError(f"node: this host joined as {node}, not {cfg['name']} (revoke it and join again to rename)")
         url = cfg["control_plane"] or record["control_plane"]
+        if record["tls_ca"]:  # the CA its join token pinned: tls:// verified against it alone
+            url = auth.with_tls_ca(url, record["tls_ca"])
         if cfg["apps_creds"]:
             _export_inference_creds(root, node, Path(cfg["apps_creds"]))
         stack = _node_stack(root, node, url, cfg)

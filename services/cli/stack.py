@@ -76,6 +76,9 @@ class StackSpec:
     a control plane on several hosts gives its own, which names its cluster and includes that block."""
     bucket_replicas: int | None = None
     """Copies of the objectives bucket the manager makes (default: 3 for a cluster, else 1)."""
+    client_tls_ca: str | None = None
+    """The private server takes clients over TLS only (its config says so): the CA its certificate
+    chains to, which the stack's own services and URLs verify it against (services/cli/cptls.py)."""
 
 
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
@@ -133,6 +136,9 @@ class Stack:
         if self.cluster is not None:
             return self.cluster.url
         assert self.front is not None
+        if self.spec.client_tls_ca is not None:  # loopback when the front listens everywhere
+            host = "127.0.0.1" if self.front.host in ("", "0.0.0.0") else self.front.host
+            return auth.with_tls_ca(f"tls://{host}:{self.front.port}", self.spec.client_tls_ca)
         return self.front.url
 
     def _upstream(self) -> tuple[int, int] | None:

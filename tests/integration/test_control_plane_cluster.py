@@ -1,7 +1,8 @@
 """A control plane on three hosts (services/cli/cpcluster.py), run for real on this one machine.
 
 Three `dqoes serve control-plane` processes, each a member of one NATS cluster (its own nats-server,
-routes to the other two over TLS with a test CA, the route password from one shared file); a join token made on member 1
+routes to the other two over TLS with a test CA, the route password from one shared file; clients
+too over TLS only, with the same certificates); a join token made on member 1 pins that CA and
 admits a node through member 2; the node's worker (sim runtime) runs rounds; an objective is set.
 Member 1's whole process group is then killed with SIGKILL: the node goes on running rounds through
 the others, the objective is still listed (the manager runs again on a survivor, loading the R3
@@ -40,6 +41,13 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 class Member:
     role: Role
     url: str
+    ca: Path | None = None
+    """The CA its client certificate chains to (the route CA) when it serves clients over TLS."""
+
+    @property
+    def bus_url(self) -> str:
+        """What the test's own connections use: the URL, verified against the CA when there is one."""
+        return auth.with_tls_ca(self.url, self.ca) if self.ca is not None else self.url
 
     @property
     def dir(self) -> Path:
@@ -121,8 +129,10 @@ def members(tmp_path: Path) -> Iterator[list[Member]]:
             role = start_member(tmp_path / f"cp{i + 1}", tmp_path / f"cp{i + 1}.out", [
                 "--listen", "127.0.0.1", "--port", str(client_ports[i]), "--server-name", f"cp{i + 1}",
                 "--cluster-listen", f"127.0.0.1:{route_ports[i]}", "--routes", routes,
-                "--cluster-secret-file", str(secret), *tls])
-            out.append(Member(role, f"nats://127.0.0.1:{client_ports[i]}"))
+                "--cluster-secret-file", str(secret), *tls, *(["--tls"] if tls else [])])
+            # With the route certificates, clients too connect over TLS only (services/cli/cptls.py).
+            ca = Path(tls[tls.index("--cluster-tls-ca") + 1]) if tls else None
+            out.append(Member(role, f"{'tls' if tls else 'nats'}://127.0.0.1:{client_ports[i]}", ca))
         for m in out:
             m.role.wait_for("control plane: ready", timeout_s=60)
         if tls:  # each member's route port speaks only TLS, and only to a certificate of the CA
@@ -150,7 +160,7 @@ def join(m: Member, tok: str, node_state: Path, name: str) -> dict[str, str]:
 
 async def _ask(m: Member, subject: str, body: bytes, timeout_s: float = 40.0) -> dict:
     """A manager's answer through member `m`, asked again while no manager runs (a lease changing hands)."""
-    bus = await Bus.connect(m.url, "test-admin", creds=m.admin)
+    bus = await Bus.connect(m.bus_url, "test-admin", creds=m.admin)
     try:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -165,7 +175,7 @@ async def _ask(m: Member, subject: str, body: bytes, timeout_s: float = 40.0) ->
 
 async def _registry_refused(m: Member, creds: Path) -> bool:
     """Whether the replicated registry (tokens' secrets in it) is out of reach of `creds`' identity."""
-    bus = await Bus.connect(m.url, "test-snoop", creds=creds)
+    bus = await Bus.connect(m.bus_url, "test-snoop", creds=creds)
     try:
         kv = await bus.kv(subjects.KV_CONTROL, replicas=3, wait_s=2.0)
         await kv.get("registry")
@@ -178,7 +188,7 @@ async def _registry_refused(m: Member, creds: Path) -> bool:
 
 async def _rounds(m: Member, node: str, count: int, timeout_s: float = 40.0) -> list[int]:
     """`count` rounds of `node`'s worker, seen through member `m`."""
-    bus = await Bus.connect(m.url, "test-watch", creds=m.admin)
+    bus = await Bus.connect(m.bus_url, "test-watch", creds=m.admin)
     seen: list[int] = []
     try:
         await bus.subscribe(subjects.state(node), lambda ns, _: seen.append(ns.round), expect=NodeState)
@@ -224,7 +234,9 @@ def test_three_members_survive_a_lost_host_and_share_joins_and_revokes(members, 
 
     # A token made on member 1 admits a node through member 2; the node keeps every member's URL.
     node_state = tmp_path / "host-a"
-    record = join(m2, token(m1), node_state, "worker-1")
+    tok = token(m1)
+    assert tok.startswith("DQJ2-") == (m1.ca is not None), tok  # a TLS control plane's token pins its CA
+    record = join(m2, tok, node_state, "worker-1")
     assert sorted(auth.server_list(record["control_plane"])) == sorted(m.url for m in members), record
     creds = node_state / "node" / "auth" / "worker-worker-1.creds"
     assert asyncio.run(_registry_refused(m2, creds)), "a node's identity could read the join registry"
@@ -262,8 +274,8 @@ def test_three_members_survive_a_lost_host_and_share_joins_and_revokes(members, 
         node.stop()
 
         async def revoke() -> tuple[bool, list[str]]:
-            connected = await Bus.connect(m2.url, "worker-1-open", creds=creds, reconnect_wait_s=0.2)
-            return await _cut_off(connected, creds, [m2.url, m3.url],
+            connected = await Bus.connect(m2.bus_url, "worker-1-open", creds=creds, reconnect_wait_s=0.2)
+            return await _cut_off(connected, creds, [m2.bus_url, m3.bus_url],
                                   lambda: dqoes("node", "revoke", "worker-1", state=m3.role.state))
 
         cut, refusals = asyncio.run(revoke())

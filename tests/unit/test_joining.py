@@ -70,3 +70,25 @@ def test_tokens_must_look_like_tokens():
     for bad in ("", "DQJ1-abc", "XXX1-abc-0123456789abcdef", "DQJ1-a$c-0123456789abcdef"):
         with pytest.raises(joining.JoinError, match="not a join token"):
             joining.parse_token(bad)
+
+
+def test_a_pinned_token_carries_the_ca_digest_and_the_same_id_and_secret(tmp_path):
+    token_id, plain = joining.create_token(tmp_path, now=0.0)
+    digest = "ab" * 32
+    pinned = joining.pin_token(plain, digest)
+    assert pinned.startswith(f"DQJ2-{digest}-{token_id}-")
+    assert joining.parse_token(pinned) == joining.parse_token(plain)
+    assert (joining.token_pin(pinned), joining.token_pin(plain)) == (digest, None)
+    # The pinned token's proof is the plain one's: the control plane admits it as it is.
+    w, i = auth.Credentials.generate("worker-n1"), auth.Credentials.generate("inference-n1")
+    request = joining.make_request(pinned, "n1", w.nkey, i.nkey)
+    assert joining.accept(tmp_path, request, now=1.0).node == "n1"
+
+
+def test_a_pin_must_be_a_sha256_digest():
+    _, plain = joining.new_token(joining.empty_registry(), now=0.0)
+    for bad in ("ab" * 31, "AB" * 32, "zz" * 32):
+        with pytest.raises(joining.JoinError):
+            joining.pin_token(plain, bad)
+        with pytest.raises(joining.JoinError, match="not a join token"):
+            joining.parse_token(f"DQJ2-{bad}-{plain[5:]}")
