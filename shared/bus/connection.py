@@ -72,6 +72,7 @@ def credentials(
     """
     try:
         server_url, named = auth.split_url(url)
+        tls = auth.tls_context(server_url)  # `?ca=PATH`: verified against that CA only
     except auth.AuthError as e:
         raise BusError(f"cannot connect to NATS at {auth.redact(url)}: {e}") from None
     source = creds or named
@@ -85,6 +86,8 @@ def credentials(
         key_options = {"nkeys_seed_str": identity.seed, "inbox_prefix": identity.inbox_prefix}
     elif inbox_prefix is not None:
         key_options = {"inbox_prefix": inbox_prefix}
+    if tls is not None:
+        key_options["tls"] = tls
     return server_url, identity, key_options
 
 
