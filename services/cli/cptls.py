@@ -224,7 +224,7 @@ def _generate(d: Path, entries: list[str]) -> tuple[Path, Path, Path]:
         raise CliError("control plane: TLS needs openssl to make its CA (or give tls_cert, tls_key, tls_ca)")
 
     def run(*argv: str) -> None:
-        r = subprocess.run([openssl, *argv], cwd=d, capture_output=True, text=True, check=False)
+        r = subprocess.run([openssl, *argv], capture_output=True, text=True, check=False)
         if r.returncode != 0:
             tail = (r.stderr.strip().splitlines() or ["?"])[-1]
             raise CliError(f"control plane: openssl {argv[0]} failed: {tail}")
@@ -232,18 +232,18 @@ def _generate(d: Path, entries: list[str]) -> tuple[Path, Path, Path]:
     ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
     ca, ca_key = d / "ca.pem", d / "ca.key"
     if not (ca.is_file() and ca_key.is_file()):
-        run("req", "-x509", *ec, "-keyout", ca_key.name, "-out", ca.name, "-days", str(CA_DAYS),
+        run("req", "-x509", *ec, "-keyout", str(ca_key), "-out", str(ca), "-days", str(CA_DAYS),
             "-subj", f"/CN=DQoES control plane CA ({entries[2] if len(entries) > 2 else 'local'})",
             "-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign")
         ca_key.chmod(0o600)
     (d / "server.ext").write_text(f"subjectAltName={_san(entries)}\nbasicConstraints=critical,CA:FALSE\n"
                                   "keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n"
                                   "subjectKeyIdentifier=hash\nauthorityKeyIdentifier=keyid,issuer\n")
-    run("req", *ec, "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=dqoes-control-plane")
+    run("req", *ec, "-keyout", str(d / "server.key"), "-out", str(d / "server.csr"), "-subj", "/CN=dqoes-control-plane")
     (d / "server.key").chmod(0o600)
-    run("x509", "-req", "-in", "server.csr", "-CA", ca.name, "-CAkey", ca_key.name, "-set_serial",
-        str(int.from_bytes(os.urandom(8), "big")), "-out", "server.pem", "-days", str(SERVER_DAYS),
-        "-extfile", "server.ext")
+    run("x509", "-req", "-in", str(d / "server.csr"), "-CA", str(ca), "-CAkey", str(ca_key), "-set_serial",
+        str(int.from_bytes(os.urandom(8), "big")), "-out", str(d / "server.pem"), "-days", str(SERVER_DAYS),
+        "-extfile", str(d / "server.ext"))
     for name in ("server.csr", "server.ext"):
         (d / name).unlink(missing_ok=True)
     for path in (ca, ca_key, d / "server.pem", d / "server.key"):

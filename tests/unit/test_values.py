@@ -18,11 +18,11 @@ def _sample(cls: type) -> dict:
     view = ContainerView("c1", 10.0, 0.1, 9.5, 9.0, 0.2, 0.25)
     values = {
         BatchObs: dict(latency_s=9.5, finished_at_s=12.0, limit=0.25, clean=False, index=3, cpu_s=2.1,
-                       since_s=5.0, prev_limit=0.2),
+                       since_s=5.0, prev_limit=0.2, span_s=10.0),
         ContainerView: dict(name="c1", objective_s=10.0, alpha=0.1, latency_s=9.5, last_latency_s=9.0,
                             cpu_share=0.2, limit=0.25, prev_cls=Cls.S, prev_slack_s=1.0,
                             batches=(BatchObs(9.5, 12.0, 0.25, True, 3),), workload="resnet50@10",
-                            follows_limit=True),
+                            follows_limit=True, request_rate_per_s=12.5),
         NodeView: dict(node="n1", cores=4.0, now_s=30.0, containers=(view,), event="added"),
         ContainerDecision: dict(name="c1", cls=Cls.B, slack_s=-2.0, latency_s=12.0, cpu_share=0.2,
                                 old_limit=0.2, new_limit=0.3, reason="B: grow", planned_limit=0.25),
