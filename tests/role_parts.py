@@ -84,3 +84,24 @@ def worker_pid(role: Role) -> int:
         except (OSError, ValueError, IndexError):
             continue
     raise AssertionError(f"no worker below {role.pid}:\n{role.text()[-2000:]}")
+
+
+async def node_rounds(url: str, creds: Path, node: str, count: int, timeout_s: float = 40.0) -> list[int]:
+    """`count` rounds of `node`'s worker, read from its state subject through `url` as `creds`."""
+    import asyncio
+
+    from shared import subjects
+    from shared.bus import Bus
+    from shared.messages import NodeState
+
+    bus = await Bus.connect(url, "test-watch", creds=creds)
+    seen: list[int] = []
+    try:
+        await bus.subscribe(subjects.state(node), lambda ns, _: seen.append(ns.round), expect=NodeState)
+        deadline = time.monotonic() + timeout_s
+        while len(seen) < count:
+            assert time.monotonic() < deadline, f"{len(seen)} round(s) of {node} through {url}"
+            await asyncio.sleep(0.1)
+    finally:
+        await bus.close()
+    return seen

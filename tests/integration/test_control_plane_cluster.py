@@ -27,12 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from role_parts import REPO, Role, dqoes, role_env, serve
+from role_parts import REPO, Role, dqoes, node_rounds, role_env, serve
 
 from shared import auth, subjects
 from shared.bus import Bus, BusError
 from shared.ports import free_port
-from shared.schema import NodeState
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -186,21 +185,6 @@ async def _registry_refused(m: Member, creds: Path) -> bool:
         await bus.close()
 
 
-async def _rounds(m: Member, node: str, count: int, timeout_s: float = 40.0) -> list[int]:
-    """`count` rounds of `node`'s worker, seen through member `m`."""
-    bus = await Bus.connect(m.bus_url, "test-watch", creds=m.admin)
-    seen: list[int] = []
-    try:
-        await bus.subscribe(subjects.state(node), lambda ns, _: seen.append(ns.round), expect=NodeState)
-        deadline = time.monotonic() + timeout_s
-        while len(seen) < count:
-            assert time.monotonic() < deadline, f"{len(seen)} round(s) of {node} through {m.url}"
-            await asyncio.sleep(0.1)
-    finally:
-        await bus.close()
-    return seen
-
-
 async def _cut_off(connected: Bus, creds: Path, urls: list[str], revoke: object) -> tuple[bool, list[str]]:
     """Revoke while `connected` is open: whether it was closed, and each URL's refusal afterwards."""
     r = await asyncio.to_thread(revoke)  # type: ignore[arg-type]
@@ -244,14 +228,14 @@ def test_three_members_survive_a_lost_host_and_share_joins_and_revokes(members, 
                  "paper-identical-achievable", "--time-scale", "10")
     try:
         node.wait_for("node worker-1: worker on the sim runtime")
-        asyncio.run(_rounds(m3, "worker-1", 2))
+        asyncio.run(node_rounds(m3.bus_url, m3.admin, "worker-1", 2))
         stored = asyncio.run(_ask(m2, subjects.TARGETS, b'{"container":"c01","objective":30}'))
         assert stored["ok"], stored
 
         # Member 1's host is lost, with the manager.
         lost_at = time.monotonic()
         m1.kill_group()
-        assert len(asyncio.run(_rounds(m3, "worker-1", 3))) >= 3
+        assert len(asyncio.run(node_rounds(m3.bus_url, m3.admin, "worker-1", 3))) >= 3
         rounds_s = time.monotonic() - lost_at
         targets = asyncio.run(_ask(m3, subjects.TARGETS_LIST, b"{}"))
         answered_s = time.monotonic() - lost_at

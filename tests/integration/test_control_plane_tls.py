@@ -24,12 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from role_parts import Role, dqoes, serve
+from role_parts import Role, dqoes, node_rounds, serve
 
-from shared import auth, subjects
-from shared.bus import Bus
+from shared import auth
 from shared.ports import free_port
-from shared.schema import NodeState
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
@@ -127,20 +125,6 @@ def plaintext_connect(port: int) -> tuple[bytes, bool]:
         return answer, True
 
 
-async def _rounds(url: str, admin: Path, node: str, count: int, timeout_s: float = 40.0) -> list[int]:
-    bus = await Bus.connect(url, "test-watch", creds=admin)
-    seen: list[int] = []
-    try:
-        await bus.subscribe(subjects.state(node), lambda ns, _: seen.append(ns.round), expect=NodeState)
-        deadline = time.monotonic() + timeout_s
-        while len(seen) < count:
-            assert time.monotonic() < deadline, f"{len(seen)} round(s) of {node}"
-            await asyncio.sleep(0.1)
-    finally:
-        await bus.close()
-    return seen
-
-
 def test_a_node_joins_over_tls_with_a_pinned_ca_and_its_traffic_is_not_in_clear(control_plane, tmp_path):
     role, port = control_plane
     ca = ca_file(role)
@@ -167,7 +151,7 @@ def test_a_node_joins_over_tls_with_a_pinned_ca_and_its_traffic_is_not_in_clear(
         try:
             node.wait_for(f"control plane tls://127.0.0.1:{relay.port}", timeout_s=30)
             admin = role.state / "control-plane" / "auth" / "admin.creds"
-            seen = asyncio.run(_rounds(auth.with_tls_ca(f"tls://127.0.0.1:{port}", ca), admin, NODE, 3))
+            seen = asyncio.run(node_rounds(auth.with_tls_ca(f"tls://127.0.0.1:{port}", ca), admin, NODE, 3))
             assert len(seen) >= 3
         finally:
             node.stop()
