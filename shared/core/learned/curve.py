@@ -352,14 +352,9 @@ class Curve:
         load at STABLE_UTILISATION; 0 for a batch workload."""
         return self.load.cores / STABLE_UTILISATION / cores if self.load.cores else 0.0
 
-    def x_of(self, cores: float) -> float:
-        """Where an observation made with `cores` lies on the line: log cores, or for a request server
-        log of the cores spare over its load (-inf: none spare)."""
-        spare = cores - self.load.cores
-        return math.log(spare) if spare > 0 else -math.inf
-
     def predict_x(self, x: float, fit: Fit | None = None) -> tuple[float, float] | None:
-        """`predict` at a point of the line itself (an observation's `x_of`)."""
+        """`predict` at a point of the line itself (an observation's x: log cores, or for a request
+        server log of the cores spare over its load)."""
         if not self.load.cores:
             return self.predict(math.exp(x), fit)
         f = fit or self.solve()

@@ -117,14 +117,14 @@ def observe_windows(v: ContainerView, curve: Curve, cores: float, memory: Memory
             continue
         limit_cores = batch_limit_cores(b, curve, cores)
         got = cores if limit_cores is None else limit_cores
-        x = curve.x_of(got)
+        spare = got - curve.load.cores
         curve.timing.last_clean_s = b.finished_at_s
         curve.timing.batch_s = b.span_s if b.span_s is not None else b.latency_s
-        if not math.isfinite(x) or math.exp(x) < SPARE_MIN * got:
+        if spare < SPARE_MIN * got:
             continue
         d = decay(memory, curve.timing.batch_s)
         spell = spell_of(b) if spell_of is not None else None
-        take(curve, x, math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, d,
+        take(curve, math.log(spare), math.log(b.latency_s), WARMUP_WEIGHT if b.index == 0 else 1.0, d,
              b.finished_at_s - curve.timing.batch_s, spell)
 
 
