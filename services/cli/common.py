@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -28,6 +29,17 @@ from shared.settings import DEFAULT_NATS_URL
 
 class CliError(Exception):
     """Bad input from the user: printed as one line, exit status 2."""
+
+
+def state_field(path: Path, key: str) -> str | None:
+    """`key` of a JSON state file the control plane wrote at its last start; None without the file.
+    A file that cannot be read: one line."""
+    if not path.exists():
+        return None
+    try:
+        return str(orjson.loads(path.read_bytes())[key])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise CliError(f"{path}: unreadable; start the control plane again") from None
 
 
 def parse_assignments(items: list[str]) -> dict[str, float]:

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from services.cli import hostconfig, hosts
-from services.cli.common import CliError
+from services.cli.common import CliError, state_field
 from shared import auth, authfiles, joining, natscluster, subjects
 from shared.bus import KV, Bus, BusError, KVConflict, KVEntry
 
@@ -133,13 +133,7 @@ def write_cluster_file(root: Path, url: str | None) -> None:
 
 def cluster_url(root: Path) -> str | None:
     """The local member's URL if `root` is a member of several, else None."""
-    path = root / CLUSTER_FILE
-    if not path.exists():
-        return None
-    try:
-        return str(json.loads(path.read_text())["nats_url"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CliError(f"{path}: unreadable; start the control plane again") from None
+    return state_field(root / CLUSTER_FILE, "nats_url")
 
 
 # --- the replicated registry ---------------------------------------------------------------------

@@ -52,7 +52,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from services.cli import cpcluster
-from services.cli.common import CliError
+from services.cli.common import CliError, state_field
 from shared import authfiles, tlspin
 
 TLS_DIR = "tls"
@@ -149,13 +149,7 @@ def setup(root: Path, cfg: dict[str, Any]) -> ClientTls | None:
 
 def pinned_digest(root: Path) -> str | None:
     """The CA digest of the control plane at `root` while it serves TLS (its last start), else None."""
-    path = root / STATE_NAME
-    if not path.exists():
-        return None
-    try:
-        return str(json.loads(path.read_text())["sha256"])
-    except (OSError, ValueError, KeyError, TypeError):
-        raise CliError(f"{path}: unreadable; start the control plane again") from None
+    return state_field(root / STATE_NAME, "sha256")
 
 
 def config_block(tls: ClientTls) -> str:

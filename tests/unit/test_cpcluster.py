@@ -16,12 +16,18 @@ def _cfg(secret, **extra):
             "cluster_secret_file": str(secret), "server_name": None, **extra}
 
 
-def test_a_member_config_routes_to_the_others_with_the_shared_secret_and_is_private(tmp_path):
+def _member(tmp_path):
+    """A shared route secret private to this user, and a member's private state directory."""
     secret = tmp_path / "cluster.secret"
     secret.write_text("a-shared-route-password\n")
     secret.chmod(0o600)
     root = tmp_path / "control-plane"
     root.mkdir(mode=0o700)
+    return secret, root
+
+
+def test_a_member_config_routes_to_the_others_with_the_shared_secret_and_is_private(tmp_path):
+    secret, root = _member(tmp_path)
     path = cpcluster.write_member_config(root, _cfg(secret, server_name="cp1"))
     text = path.read_text()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -50,11 +56,7 @@ def test_routes_need_a_cluster_listen_address(tmp_path):
 
 
 def test_route_tls_needs_all_three_files_and_a_private_key(tmp_path):
-    secret = tmp_path / "cluster.secret"
-    secret.write_text("a-shared-route-password\n")
-    secret.chmod(0o600)
-    root = tmp_path / "control-plane"
-    root.mkdir(mode=0o700)
+    secret, root = _member(tmp_path)
     files = {k: tmp_path / f"{k}.pem" for k in ("cert", "key", "ca")}
     for f in files.values():
         f.write_text("PEM\n")
